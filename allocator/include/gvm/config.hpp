@@ -1,0 +1,72 @@
+// Config: every knob of gvmalloc, in one place.
+//
+// Also read from the environment variable GVM_CONF, written like
+// PYTORCH_CUDA_ALLOC_CONF: "key:value,key:value". Sizes take a unit suffix
+// (B, KiB, MiB, GiB, TiB, or K/M/G/T meaning the same powers of two); booleans
+// are true/false/1/0. An unknown key or a bad value is a config_error that
+// names it. docs/config.md lists every key.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace gvm {
+
+enum class PeerPolicy : int {
+  automatic,       // chosen per device pair from DeviceCaps
+  per_allocation,  // only the scratch buffer is granted to peers (cuMemSetAccess)
+  global,          // context peer access, enabled once, fenced (pre-Ampere)
+  none,            // no P2P path: copies are staged by the driver
+};
+
+struct Config {
+  // Virtual address space reserved per device for the arena. 0 = four times
+  // the device's memory (address space is cheap: 1 TiB reserves in ~3 µs).
+  std::size_t arena_bytes = 0;  // key: arena_size
+  // Largest physical chunk (one cuMemCreate handle) made in one growth step.
+  // Growth maps exactly the granules a request needs, as one handle up to this
+  // size: driver cost follows the number of handles (MEASUREMENTS.md: 512
+  // handles of 2 MiB cost ~20x one 1 GiB handle), and a handle can be
+  // unmapped only when wholly free, so a cap keeps trim useful.
+  std::size_t max_chunk_bytes = std::size_t{1} << 30;  // key: max_chunk_size
+  // Cap on reserved (mapped) bytes per device; 0 = no cap. Like PyTorch's
+  // per-process memory fraction, but in bytes.
+  std::size_t max_reserved_bytes = 0;  // key: max_reserved
+  // Fraction of device memory that may be reserved (0 < f <= 1); 0 = no cap.
+  // With max_reserved_bytes too, the smaller cap wins.
+  double memory_fraction = 0.0;  // key: memory_fraction
+  // When cached (mapped but free) bytes exceed this, whole free chunks are
+  // returned to the driver (behind the fence). SIZE_MAX = never.
+  std::size_t release_threshold_bytes = SIZE_MAX;  // key: release_threshold
+  // Requests up to this size are served from O(1) size classes.
+  std::size_t small_block_max_bytes = std::size_t{1} << 20;  // key: small_max
+  // Force the no-VMM path (chunks from cuMemAlloc) even where VMM works.
+  bool force_no_vmm = false;  // key: no_vmm
+  // Peer access policy for every device pair (automatic = from DeviceCaps).
+  PeerPolicy peer_policy = PeerPolicy::automatic;  // key: peer_policy
+  // Physical chunk size of the peer scratch buffer. A peer grant costs ~1 ms
+  // per 64 MiB and ~9.4 ms per GiB on H200 (MEASUREMENTS.md).
+  std::size_t scratch_chunk_bytes = std::size_t{64} << 20;  // key: scratch_chunk_size
+  // Reserve for the scratch buffer per device; 0 = the device's memory size.
+  std::size_t scratch_arena_bytes = 0;  // key: scratch_arena_size
+  // Test hook: with false the fence does nothing. Never set in production;
+  // it exists so tests can prove the fence is what prevents the hazards.
+  bool fence_enabled = true;  // key: fence (documented as a test hook)
+};
+
+// Parses "key:value,..." over `base`. Empty text returns `base`.
+// Throws config_error naming the key (and the value) that is wrong.
+Config parse_config(std::string_view text, Config base = {});
+
+// parse_config(getenv("GVM_CONF")) or defaults when unset.
+Config config_from_env();
+
+// "per_allocation" etc.
+const char* to_string(PeerPolicy p) noexcept;
+
+// The config as "key:value,..." (round-trips through parse_config).
+std::string to_string(const Config& c);
+
+}  // namespace gvm
