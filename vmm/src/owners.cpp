@@ -39,6 +39,9 @@ ReservedRange::ReservedRange(Driver& driver, std::size_t size, std::size_t align
 Result ReservedRange::reset() noexcept {
   Result r = Result::success;
   if (driver_ != nullptr && size_ != 0) r = tolerate_shutdown(driver_->address_free(base_, size_));
+  // On failure the owner keeps the handle, so that the caller can retry and
+  // nothing is lost track of.
+  if (r != Result::success) return r;
   driver_ = nullptr;
   base_ = 0;
   size_ = 0;
@@ -59,6 +62,9 @@ PhysicalChunk::PhysicalChunk(Driver& driver, int device, std::size_t size,
 Result PhysicalChunk::reset() noexcept {
   Result r = Result::success;
   if (driver_ != nullptr && size_ != 0) r = tolerate_shutdown(driver_->mem_release(handle_));
+  // On failure the owner keeps the handle, so that the caller can retry and
+  // nothing is lost track of.
+  if (r != Result::success) return r;
   driver_ = nullptr;
   handle_ = 0;
   size_ = 0;
@@ -76,6 +82,9 @@ Mapping::Mapping(Driver& driver, DevicePtr addr, const PhysicalChunk& chunk) {
 Result Mapping::reset() noexcept {
   Result r = Result::success;
   if (driver_ != nullptr && size_ != 0) r = tolerate_shutdown(driver_->mem_unmap(addr_, size_));
+  // On failure the owner keeps the handle, so that the caller can retry and
+  // nothing is lost track of.
+  if (r != Result::success) return r;
   driver_ = nullptr;
   addr_ = 0;
   size_ = 0;
@@ -94,6 +103,9 @@ Event::Event(Driver& driver, int device) {
 Result Event::reset() noexcept {
   Result r = Result::success;
   if (driver_ != nullptr && event_ != nullptr) r = tolerate_shutdown(driver_->event_destroy(event_));
+  // On failure the owner keeps the handle, so that the caller can retry and
+  // nothing is lost track of.
+  if (r != Result::success) return r;
   driver_ = nullptr;
   event_ = nullptr;
   device_ = -1;
@@ -112,9 +124,10 @@ MappedChunk::MappedChunk(Driver& driver, int device, DevicePtr addr, std::size_t
 }
 
 Result MappedChunk::reset() noexcept {
-  Result a = mapping_.reset();
-  Result b = chunk_.reset();
-  return a != Result::success ? a : b;
+  // Never release a handle that is still mapped: if the unmap fails, keep both.
+  Result r = mapping_.reset();
+  if (r != Result::success) return r;
+  return chunk_.reset();
 }
 
 }  // namespace gvm::vmm

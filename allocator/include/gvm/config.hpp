@@ -26,11 +26,20 @@ struct Config {
   // the device's memory (address space is cheap: 1 TiB reserves in ~3 µs).
   std::size_t arena_bytes = 0;  // key: arena_size
   // Largest physical chunk (one cuMemCreate handle) made in one growth step.
-  // Growth maps exactly the granules a request needs, as one handle up to this
-  // size: driver cost follows the number of handles (MEASUREMENTS.md: 512
-  // handles of 2 MiB cost ~20x one 1 GiB handle), and a handle can be
-  // unmapped only when wholly free, so a cap keeps trim useful.
-  std::size_t max_chunk_bytes = std::size_t{1} << 30;  // key: max_chunk_size
+  // Growth maps exactly the granules a request needs, as handles of up to this
+  // size. Driver cost follows the number of handles (MEASUREMENTS.md: 512
+  // handles of 2 MiB cost ~20x one 1 GiB handle), but a handle can be
+  // unmapped only when wholly free. Replaying the GPT-2 trace with
+  // reserve_slack 0.02: 32 MiB -> 1.018 reserved/live and 2,912 handles made,
+  // 64 MiB -> 1.017 / 1,628, 128 MiB -> 1.017 / 927, 256 MiB -> 1.028 / 877
+  // (docs/design-notes.md). 128 MiB is the knee.
+  std::size_t max_chunk_bytes = std::size_t{128} << 20;  // key: max_chunk_size
+  // Before the arena grows, whole cached chunks are returned to the driver
+  // (behind the fence) while reserved bytes would exceed live bytes x
+  // (1 + reserve_slack). This is what keeps peak reserved near peak live when
+  // request sizes vary from step to step (without it the GPT-2 trace reserves
+  // 1.073x its live bytes, with 0.02 about 1.017x). Negative = never.
+  double reserve_slack = 0.02;  // key: reserve_slack
   // Cap on reserved (mapped) bytes per device; 0 = no cap. Like PyTorch's
   // per-process memory fraction, but in bytes.
   std::size_t max_reserved_bytes = 0;  // key: max_reserved

@@ -1,6 +1,8 @@
 // Move-only owners of driver objects: one owner per handle, get() to look,
-// release() to give up ownership, a moved-from owner is empty. Destructors are
-// noexcept and ignore a driver that is shutting down (deinitialized).
+// release() to give up ownership, a moved-from owner is empty. reset() frees
+// now and returns the driver's result; on failure the owner keeps the handle
+// (so the caller can retry, and nothing is lost track of). Destructors are
+// noexcept and treat a driver that is shutting down (deinitialized) as done.
 //
 //   ReservedRange   cuMemAddressReserve / cuMemAddressFree
 //   PhysicalChunk   cuMemCreate / cuMemRelease
@@ -176,7 +178,8 @@ class MappedChunk {
   PhysHandle handle() const noexcept { return chunk_.get(); }
   int device() const noexcept { return chunk_.device(); }
   bool empty() const noexcept { return mapping_.empty(); }
-  // Unmap then release; the first failure is returned, both are attempted.
+  // Unmap then release. If the unmap fails, nothing is released and the
+  // failure is returned (the chunk stays owned and mapped).
   Result reset() noexcept;
 
  private:
