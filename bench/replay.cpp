@@ -91,7 +91,7 @@ ReplayResult replay(const Trace& trace, Allocator& allocator, vmm::Driver& drive
   std::uint64_t live = 0;
   std::uint64_t peak_live = 0;
   std::uint64_t peak_reserved = 0;
-  const std::uint64_t calls_before = allocator.stats().driver.total_calls();
+  const DriverCallStats before = allocator.stats().driver;
   std::size_t i = 0;
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -129,7 +129,9 @@ ReplayResult replay(const Trace& trace, Allocator& allocator, vmm::Driver& drive
 
   result.wall_ns = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(stop - start).count());
-  result.driver_calls = allocator.stats().driver.total_calls() - calls_before;
+  const DriverCallStats after = allocator.stats().driver;
+  result.driver_calls = after.total_calls() - before.total_calls();
+  result.driver_call_ns = after.total_nanoseconds() - before.total_nanoseconds();
   result.allocator_peak_reserved_bytes = allocator.device_stats(device).peak_reserved_bytes;
   result.events = n;
   result.allocations = trace.allocations;

@@ -86,7 +86,8 @@ struct ReplayResult {
   std::uint64_t allocator_peak_reserved_bytes = 0;
   // Driver calls the loop made (all entry points, all devices).
   std::uint64_t driver_calls = 0;
-  std::uint64_t wall_ns = 0;  // the replay loop, steady_clock
+  std::uint64_t driver_call_ns = 0;  // time inside those calls (the allocator's stats)
+  std::uint64_t wall_ns = 0;         // the replay loop, steady_clock
   double ns_per_op() const noexcept {
     return events == 0 ? 0.0 : static_cast<double>(wall_ns) / static_cast<double>(events);
   }
