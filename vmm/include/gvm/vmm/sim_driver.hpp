@@ -1,0 +1,233 @@
+// SimDriver: the CUDA driver simulated on the CPU, for tests and trace replay.
+//
+// It keeps the driver's bookkeeping (reservations, physical handles, mappings,
+// per-device access, peer access, streams, events) and returns the result the
+// real driver returns for each misuse, so allocator logic can be proven on a
+// machine with no GPU. Physical memory is metadata only unless backing is
+// enabled, so a simulated 141 GiB device costs no RAM.
+//
+// Hazards (MEASUREMENTS.md "Hazards"). Work on a stream is modelled as
+// pending accesses to address ranges: enqueue_access() stands for a kernel,
+// and the copy entry points register their reads and writes. Nothing runs by
+// itself: an access stays pending until something synchronizes it (stream,
+// event, context, complete_all()). While an access is pending:
+//   - revoking the accessing device's access to the range (cuMemSetAccess
+//     with PROT_NONE) or unmapping the range kills the context with
+//     illegal_address, as measured for a revoke under a reading kernel;
+//   - disabling global peer access from the accessing device to the device
+//     that owns the memory kills it with launch_failed ("unspecified launch
+//     failure", as measured for a toggle under a queued peer copy).
+// An access the device has no right to at enqueue time (unmapped, not granted,
+// classic memory of a peer without peer access) kills it with
+// illegal_address. A dead context is sticky: every later driver call returns
+// the same error (one context for the whole simulation: stricter than the real
+// driver, which may keep other devices usable). Work pending at that moment is
+// dropped, as it is on a real dead context.
+//
+// Stream order is tracked with vector clocks: two overlapping accesses on
+// different streams, at least one a write, race unless the later one's stream
+// waited (through events, transitively) for the earlier one. Races are
+// recorded (races()), not fatal: they are what the allocator's stream-order
+// logic must never produce.
+//
+// Simplifications, all deliberate:
+//   - One mutex around everything; any thread may call anything.
+//   - Streams from stream_create behave as non-blocking streams: the legacy
+//     default stream (nullptr) has no implicit barrier with them.
+//     CU_STREAM_LEGACY (0x1) and CU_STREAM_PER_THREAD (0x2) are both taken as
+//     the legacy default stream of the device named in the call.
+//   - Copies move their data at enqueue time (when backing is on); hazards
+//     are tracked separately, on the pending accesses.
+//   - A copy between devices whose stream device cannot reach one side is
+//     staged by the owner of that side, as the driver does without peer access.
+//   - A shareable handle holds no reference: importing the fd (or fabric
+//     handle) of an allocation that has been fully released fails.
+//   - Modules and kernel launches return not_supported: tests enqueue
+//     accesses instead.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gvm/vmm/driver.hpp"
+
+namespace gvm::vmm {
+
+// The GPUs the simulator can pretend to be (DESIGN.md lists the range).
+enum class Profile : int { p40, v100, t4, a100, l4, h100, h200, b200 };
+
+inline constexpr std::array<Profile, 8> kAllProfiles = {Profile::p40,  Profile::v100, Profile::t4,
+                                                        Profile::a100, Profile::l4,   Profile::h100,
+                                                        Profile::h200, Profile::b200};
+
+// What one simulated device reports. Fields mirror DeviceCaps.
+struct DeviceProfile {
+  std::string name;
+  int cc_major = 0;
+  int cc_minor = 0;
+  std::size_t memory_bytes = 0;
+  bool vmm = true;  // false: the VMM calls return not_supported (old driver, some vGPUs)
+  bool posix_fd_handles = true;
+  bool fabric_handles = false;
+  bool compression = false;
+  std::size_t granularity = std::size_t{2} << 20;  // 2 MiB on every GPU we know
+  std::size_t recommended_granularity = std::size_t{2} << 20;
+  int multiprocessor_count = 0;
+};
+
+// The published figures of `p` ("NVIDIA H200", sm_90, 141 GiB, 132 SMs, ...).
+DeviceProfile profile(Profile p);
+// "p40", "h200", ...
+const char* profile_name(Profile p) noexcept;
+// The inverse of profile_name. Throws std::invalid_argument naming the text.
+Profile parse_profile(std::string_view name);
+
+class SimDriver final : public Driver {
+ public:
+  // Throws std::invalid_argument for a profile with no memory or a
+  // granularity that is not a power of two.
+  explicit SimDriver(std::vector<DeviceProfile> devices);
+  // `count` devices of profile `p`, every pair peer-capable.
+  static std::unique_ptr<SimDriver> uniform(Profile p, int count);
+  ~SimDriver() override;
+
+  const char* name() const noexcept override { return "sim"; }
+
+  // --- configuration (call before use; throws std::invalid_argument) -------
+  // cuDeviceCanAccessPeer(a, b); every distinct pair is true by default.
+  void set_peer(int a, int b, bool can);
+  // Physical bytes `device` may hand out (default: its memory size). Lowering
+  // it below what is in use makes the next create fail; nothing is evicted.
+  void set_physical_budget(int device, std::size_t bytes);
+  // With backing, mapped memory holds data (64 KiB host pages, allocated on
+  // first write; never-written bytes read as zero). Without it, copies only
+  // validate and register accesses, and memcpy_dtoh writes zeros.
+  void enable_backing(bool on);
+  // With auto-complete, an event_query completes the work before the event
+  // (as if the GPU had caught up) instead of answering not_ready.
+  void set_auto_complete(bool on);
+
+  // --- fault injection ------------------------------------------------------
+  // The nth next call (1 = the very next) of `call` returns `result` and
+  // changes nothing. Every invocation counts, including ones that fail anyway.
+  // Several may be pending for one call. Throws std::invalid_argument for
+  // nth < 1 or result == success.
+  void fail_call(Call call, int nth, Result result);
+  // Every call of `call` returns `result` until clear_faults().
+  void fail_every_call(Call call, Result result);
+  void clear_faults();
+
+  // --- hazards --------------------------------------------------------------
+  // A kernel on `device`'s `stream` touching [addr, addr + bytes): checks the
+  // device's right to the range (else the context dies with illegal_address),
+  // records races with unordered pending accesses of other streams, and
+  // leaves the access pending. Returns the sticky error once the context is
+  // dead, invalid_device / invalid_handle / invalid_value for bad arguments.
+  Result enqueue_access(int device, StreamHandle stream, DevicePtr addr, std::size_t bytes,
+                        AccessKind kind);
+  // success while the context is healthy, else the error that killed it.
+  Result sticky_error() const;
+  // Revives the context (tests only).
+  void clear_sticky();
+  // Completes every pending access, as if every device had been synchronized.
+  void complete_all();
+  std::size_t pending_accesses() const;
+  // One line per race: both accesses, their streams and devices.
+  std::vector<std::string> races() const;
+  std::size_t race_count() const;
+  void clear_races();
+
+  // --- counters for leak checks ---------------------------------------------
+  std::size_t live_reservations() const;
+  // Physical allocations still alive: not yet released, or released but
+  // still mapped (the driver defers the release until the unmap).
+  std::size_t live_handles() const;
+  std::size_t live_mappings() const;
+  std::size_t live_events() const;
+  // Streams from stream_create not yet destroyed (legacy streams not counted).
+  std::size_t live_streams() const;
+  std::size_t live_classic_allocations() const;
+  // Physical bytes in use on `device` (handles and classic allocations).
+  std::size_t physical_used(int device) const;
+  // Invocations of `call` so far, failed ones included.
+  std::uint64_t call_count(Call call) const;
+  const DeviceProfile& device_profile(int device) const;
+
+  // --- Driver ---------------------------------------------------------------
+  Result device_count(int* count) override;
+  Result device_name(int device, std::string* name) override;
+  Result device_attribute(int device, DeviceAttribute attr, int* value) override;
+  Result device_total_memory(int device, std::size_t* bytes) override;
+  Result mem_get_info(int device, std::size_t* free_bytes, std::size_t* total_bytes) override;
+  Result allocation_granularity(int device, GranularityKind kind, std::size_t* bytes) override;
+  Result can_access_peer(int device, int peer, bool* can) override;
+
+  Result ctx_synchronize(int device) override;
+  Result enable_peer_access(int device, int peer) override;
+  Result disable_peer_access(int device, int peer) override;
+
+  Result address_reserve(std::size_t size, std::size_t alignment, DevicePtr* addr) override;
+  Result address_free(DevicePtr addr, std::size_t size) override;
+  Result mem_create(int device, std::size_t size, ShareableHandleType exportable,
+                    PhysHandle* handle) override;
+  Result mem_release(PhysHandle handle) override;
+  Result mem_map(DevicePtr addr, std::size_t size, PhysHandle handle) override;
+  Result mem_unmap(DevicePtr addr, std::size_t size) override;
+  Result mem_set_access(DevicePtr addr, std::size_t size, const AccessDesc* descs,
+                        std::size_t count) override;
+  Result mem_get_access(DevicePtr addr, int device, Access* access) override;
+  // posix_fd: *(int*)out receives a fake descriptor (never a real one).
+  // fabric: out points at 64 bytes (CUmemFabricHandle).
+  Result export_shareable_handle(PhysHandle handle, ShareableHandleType type, void* out) override;
+  // As in CUDA: for posix_fd, `shareable` is the descriptor itself cast to a
+  // pointer ((void*)(intptr_t)fd); for fabric, it points at the 64 bytes.
+  // The same handle comes back, with one more reference to release.
+  Result import_shareable_handle(void* shareable, ShareableHandleType type,
+                                 PhysHandle* handle) override;
+
+  Result mem_alloc(int device, std::size_t size, DevicePtr* addr) override;
+  // Like cuMemFree, completes the owner's pending work first (implicit sync).
+  Result mem_free(int device, DevicePtr addr) override;
+
+  Result stream_create(int device, StreamHandle* stream) override;
+  // Work still pending on a destroyed stream stays pending until synchronized.
+  Result stream_destroy(int device, StreamHandle stream) override;
+  Result stream_synchronize(int device, StreamHandle stream) override;
+  Result stream_wait_event(int device, StreamHandle stream, EventHandle event) override;
+  Result event_create(int device, EventHandle* event) override;
+  Result event_destroy(EventHandle event) override;
+  Result event_record(int device, EventHandle event, StreamHandle stream) override;
+  Result event_query(EventHandle event) override;
+  Result event_synchronize(EventHandle event) override;
+
+  Result memcpy_async(int device, DevicePtr dst, DevicePtr src, std::size_t bytes,
+                      StreamHandle stream) override;
+  // A null stream is the legacy default stream of dst_device.
+  Result memcpy_peer_async(DevicePtr dst, int dst_device, DevicePtr src, int src_device,
+                           std::size_t bytes, StreamHandle stream) override;
+  // Synchronous: ordered on the legacy stream, complete on return. An
+  // unmapped range is invalid_value (validated up front), not a dead context.
+  Result memcpy_htod(int device, DevicePtr dst, const void* src, std::size_t bytes) override;
+  Result memcpy_dtoh(int device, void* dst, DevicePtr src, std::size_t bytes) override;
+  Result memset_d8_async(int device, DevicePtr dst, unsigned char value, std::size_t bytes,
+                         StreamHandle stream) override;
+
+  Result module_load_data(int device, const char* ptx, ModuleHandle* module) override;
+  Result module_unload(int device, ModuleHandle module) override;
+  Result module_get_function(ModuleHandle module, const char* name,
+                             FunctionHandle* function) override;
+  Result launch_kernel(int device, FunctionHandle function, unsigned grid_x, unsigned block_x,
+                       StreamHandle stream, void** args) override;
+
+  struct State;  // sim_state.hpp
+
+ private:
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace gvm::vmm
