@@ -1,0 +1,231 @@
+// DeviceHeap: physical chunks under the arena - growth, release, trim.
+#include <algorithm>
+#include <string>
+
+#include "device_heap.hpp"
+
+namespace gvm::detail {
+
+void DeviceHeap::map_run(std::uintptr_t addr, std::size_t size, std::vector<std::uint32_t>& made) {
+  const std::size_t chunk_limit = std::max(
+      kind_ == Kind::scratch ? config_.scratch_chunk_bytes : config_.max_chunk_bytes, kGranule);
+  while (size != 0) {
+    const std::size_t piece = std::min(size, chunk_limit);
+    // Create, map and grant in one step; a failure undoes itself.
+    vmm::MappedChunk mem(driver_, device(), addr, piece, access_);
+    std::uint32_t idx;
+    if (!free_chunk_slots_.empty()) {
+      idx = free_chunk_slots_.back();
+      free_chunk_slots_.pop_back();
+    } else {
+      idx = static_cast<std::uint32_t>(chunks_.size());
+      chunks_.emplace_back();
+    }
+    ChunkRec& c = chunks_[idx];
+    c.mem = std::move(mem);
+    c.addr = addr;
+    c.size = piece;
+    c.in_use = true;
+    c.streams.clear();
+    for (std::uintptr_t g = addr; g < addr + piece; g += kGranule) pages_.at(g).chunk = idx + 1;
+    reserved_ += piece;
+    peak_reserved_ = std::max(peak_reserved_, reserved_);
+    ++chunks_mapped_;
+    made.push_back(idx);
+    addr += piece;
+    size -= piece;
+  }
+}
+
+void DeviceHeap::ensure_mapped(Block* b) {
+  // The runs of unmapped granules under the block.
+  auto unmapped_runs = [&] {
+    std::vector<std::pair<std::uintptr_t, std::size_t>> runs;
+    for (std::uintptr_t g = b->addr & ~(kGranule - 1); g < b->end(); g += kGranule) {
+      if (pages_.at(g).chunk != 0) continue;
+      if (!runs.empty() && runs.back().first + runs.back().second == g)
+        runs.back().second += kGranule;
+      else
+        runs.emplace_back(g, kGranule);
+    }
+    return runs;
+  };
+  auto runs = unmapped_runs();
+  std::size_t need = 0;
+  for (const auto& r : runs) need += r.second;
+  if (need == 0) {
+    ++large_hits_;
+    return;
+  }
+
+  // Before growing: give back whole cached chunks if the cap or the slack
+  // bound would be passed (see Config::reserve_slack).
+  const std::size_t cap = reserve_cap();
+  if (cap != 0 && reserved_ + need > cap) release_cached(reserved_ + need - cap, false);
+  if (config_.reserve_slack >= 0.0) {
+    const double live_after = static_cast<double>(live_.load(std::memory_order_relaxed)) +
+                              static_cast<double>(b->size);
+    const auto bound = static_cast<std::size_t>(live_after * (1.0 + config_.reserve_slack));
+    if (reserved_ + need > bound) release_cached(reserved_ + need - bound, false);
+  }
+  if (cap != 0 && reserved_ + need > cap) throw_oom(b->requested, "the reserved-bytes cap");
+
+  std::vector<std::uint32_t> made;
+  auto undo = [&] {
+    // Chunks made for this block were never touched by any stream: no fence.
+    for (auto idx : made) (void)release_chunk_noexcept(idx);
+  };
+  try {
+    for (const auto& r : runs) map_run(r.first, r.second, made);
+  } catch (const vmm::DriverError& e) {
+    if (e.result() != vmm::Result::out_of_memory) {
+      undo();
+      throw;
+    }
+    // Out of memory: fence, return every cached chunk, try once more.
+    ++oom_retries_;
+    try {
+      release_cached(0, true);
+      for (const auto& r : unmapped_runs()) map_run(r.first, r.second, made);
+    } catch (const vmm::DriverError& e2) {
+      undo();
+      if (e2.result() == vmm::Result::out_of_memory) throw_oom(b->requested, "the device");
+      throw;
+    }
+  }
+}
+
+bool DeviceHeap::chunk_is_free(std::uint32_t idx) const {
+  const ChunkRec& c = chunks_[idx];
+  if (!vmm_) {
+    // A classic segment is free when one free block spans it.
+    for (const auto& r : regions_)
+      if (r->classic_chunk == idx + 1) return r->region.first->free && r->region.first->next == nullptr;
+    return false;
+  }
+  for (std::uintptr_t g = c.addr; g < c.addr + c.size; g += kGranule) {
+    const PageEntry* e = pages_.find(g);
+    if (e != nullptr && e->live != 0) return false;
+  }
+  return true;
+}
+
+std::size_t DeviceHeap::release_cached(std::size_t want, bool all) {
+  std::vector<std::uint32_t> picked;
+  for (std::uint32_t i = 0; i < chunks_.size(); ++i)
+    if (chunks_[i].in_use && chunk_is_free(i)) picked.push_back(i);
+  if (picked.empty()) return 0;
+  if (!all) {
+    // Largest first: fewest driver calls for the bytes wanted.
+    std::sort(picked.begin(), picked.end(),
+              [&](std::uint32_t a, std::uint32_t b) { return chunks_[a].size > chunks_[b].size; });
+    std::size_t sum = 0;
+    std::size_t n = 0;
+    while (n < picked.size() && sum < want) sum += chunks_[picked[n++]].size;
+    picked.resize(n);
+  }
+  // The fence: every stream that may have touched these chunks.
+  bool whole_device = false;
+  std::vector<StreamRef> streams;
+  for (auto idx : picked) {
+    const StreamTags& t = chunks_[idx].streams;
+    if (t.all()) whole_device = true;
+    for (int i = 0; i < t.size(); ++i) {
+      StreamRef ref{device(), t[i]};
+      if (std::find(streams.begin(), streams.end(), ref) == streams.end()) streams.push_back(ref);
+    }
+  }
+  if (kind_ == Kind::scratch) {
+    // Peers' work on the scratch is not seen by the allocator: drain them.
+    std::vector<int> devices;
+    for (const auto& a : access_) devices.push_back(a.device);
+    fence_.wait_devices(devices);
+  } else if (whole_device) {
+    fence_.wait_devices({device()});
+  } else {
+    fence_.wait(streams);
+  }
+  ++fences_;
+  std::size_t freed = 0;
+  for (auto idx : picked) {
+    const std::size_t size = chunks_[idx].size;
+    release_chunk(idx);
+    freed += size;
+  }
+  return freed;
+}
+
+vmm::Result DeviceHeap::release_chunk_noexcept(std::uint32_t idx) noexcept {
+  ChunkRec& c = chunks_[idx];
+  const vmm::Result r = vmm_ ? c.mem.reset() : driver_.mem_free(device(), c.classic);
+  if (r != vmm::Result::success) return r;
+  if (vmm_) {
+    for (std::uintptr_t g = c.addr; g < c.addr + c.size; g += kGranule) {
+      if (PageEntry* e = pages_.find(g); e != nullptr) e->chunk = 0;
+    }
+  }
+  reserved_ -= c.size;
+  ++chunks_unmapped_;
+  c = ChunkRec{};
+  free_chunk_slots_.push_back(idx);
+  return r;
+}
+
+void DeviceHeap::release_chunk(std::uint32_t idx) {
+  const std::size_t size = chunks_[idx].size;
+  if (!vmm_) {
+    // The region this segment backs goes with it, and its one free block.
+    auto it = std::find_if(regions_.begin(), regions_.end(),
+                           [&](const auto& r) { return r->classic_chunk == idx + 1; });
+    if (it == regions_.end()) return;
+    Block* b = (*it)->region.first;
+    const vmm::Result r = release_chunk_noexcept(idx);
+    if (r != vmm::Result::success)
+      throw vmm::DriverError(r, "cuMemFree(device " + std::to_string(device()) + ", " +
+                                    std::to_string(size) + " bytes)");
+    erase_free(b);
+    blocks_.recycle(b);
+    regions_.erase(it);
+    for (std::size_t i = 0; i < regions_.size(); ++i) regions_[i]->region.index = i;
+    return;
+  }
+  const vmm::Result r = release_chunk_noexcept(idx);
+  if (r != vmm::Result::success)
+    throw vmm::DriverError(r, "cuMemUnmap/cuMemRelease(device " + std::to_string(device()) +
+                                  ", chunk of " + std::to_string(size) + " bytes)");
+}
+
+void DeviceHeap::release_unused_regions() {
+  if (!vmm_) return;
+  // Extra reservations (made when the first filled up) go once wholly free
+  // and unmapped. The first stays: it is where the next allocation goes.
+  for (std::size_t i = regions_.size(); i-- > 1;) {
+    Region& r = regions_[i]->region;
+    if (!(r.first->free && r.first->next == nullptr)) continue;
+    bool mapped = false;
+    for (const auto& c : chunks_)
+      if (c.in_use && c.addr - r.base < r.size) mapped = true;
+    if (mapped) continue;
+    erase_free(r.first);
+    blocks_.recycle(r.first);
+    regions_.erase(regions_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  for (std::size_t i = 0; i < regions_.size(); ++i) regions_[i]->region.index = i;
+}
+
+void DeviceHeap::maybe_release_above_threshold() {
+  if (config_.release_threshold_bytes == SIZE_MAX) return;
+  const auto live = static_cast<std::size_t>(std::max<std::int64_t>(0, live_.load()));
+  const std::size_t cached = reserved_ > live ? reserved_ - live : 0;
+  if (cached > config_.release_threshold_bytes)
+    release_cached(cached - config_.release_threshold_bytes, false);
+}
+
+void DeviceHeap::trim() {
+  reclaim_spans();
+  std::lock_guard<std::mutex> guard(lock_);
+  release_cached(0, true);
+  release_unused_regions();
+}
+
+}  // namespace gvm::detail

@@ -1,0 +1,448 @@
+// DeviceHeap: regions, large blocks, stream order. See device_heap.hpp.
+#include "device_heap.hpp"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <string>
+
+#include "gvm/errors.hpp"
+
+namespace gvm::detail {
+namespace {
+
+constexpr std::size_t round_up(std::size_t x, std::size_t a) noexcept { return (x + a - 1) / a * a; }
+
+std::string hex(std::uintptr_t p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%" PRIxPTR, p);
+  return buf;
+}
+
+}  // namespace
+
+std::string format_bytes(std::size_t n) {
+  char buf[64];
+  const double gib = static_cast<double>(n) / double(std::size_t{1} << 30);
+  const double mib = static_cast<double>(n) / double(std::size_t{1} << 20);
+  if (gib >= 1.0)
+    std::snprintf(buf, sizeof buf, "%.2f GiB", gib);
+  else if (mib >= 1.0)
+    std::snprintf(buf, sizeof buf, "%.2f MiB", mib);
+  else
+    std::snprintf(buf, sizeof buf, "%zu bytes", n);
+  return buf;
+}
+
+DeviceHeap::DeviceHeap(vmm::Driver& driver, const vmm::DeviceCaps& caps, const Config& config,
+                       Fence& fence, Kind kind, std::vector<vmm::AccessDesc> access)
+    : driver_(driver),
+      caps_(caps),
+      config_(config),
+      fence_(fence),
+      kind_(kind),
+      access_(std::move(access)),
+      vmm_(caps.vmm && !config.force_no_vmm),
+      // A span is one granule with at least two slots.
+      small_max_(kind == Kind::arena ? std::min(config.small_block_max_bytes, kGranule / 2) : 0) {}
+
+DeviceHeap::~DeviceHeap() {
+  // Whatever may still run on the device must finish before its memory goes.
+  try {
+    std::vector<int> devices;
+    for (const auto& a : access_) devices.push_back(a.device);
+    fence_.wait_devices(devices);
+  } catch (...) {
+    // A dead context: unmapping is all that is left to do.
+  }
+  for (auto& c : chunks_) {
+    if (!c.in_use) continue;
+    if (vmm_) {
+      (void)c.mem.reset();
+    } else {
+      (void)driver_.mem_free(device(), c.classic);
+    }
+  }
+  chunks_.clear();
+  regions_.clear();  // frees the reservations
+}
+
+// ---------------------------------------------------------------- free set --
+
+void DeviceHeap::insert_free(Block* b) { free_.insert(b); }
+
+void DeviceHeap::erase_free(Block* b) { free_.erase(b); }
+
+Block* DeviceHeap::find_fit(std::size_t size, std::size_t alignment) {
+  Block probe;
+  probe.size = size;
+  probe.addr = 0;
+  auto it = free_.lower_bound(&probe);
+  if (alignment <= kBlockAlignment) return it == free_.end() ? nullptr : *it;
+  auto fits = [&](const Block* b) { return round_up(b->addr, alignment) + size <= b->end(); };
+  // Aligned requests (spans) are rare: look at a few of the best fits, then
+  // at the largest block, which is the unmapped rest of the arena.
+  for (int scanned = 0; it != free_.end() && scanned < 64; ++it, ++scanned)
+    if (fits(*it)) return *it;
+  if (!free_.empty() && fits(*free_.rbegin())) return *free_.rbegin();
+  return nullptr;
+}
+
+Block* DeviceHeap::split_to(Block* b, std::uintptr_t at, std::size_t size) {
+  auto split_after = [&](Block* x, std::size_t keep) {
+    Block* n = blocks_.make();
+    n->addr = x->addr + keep;
+    n->size = x->size - keep;
+    n->region = x->region;
+    n->free = true;
+    n->tags = x->tags;
+    n->prev = x;
+    n->next = x->next;
+    if (x->next != nullptr) x->next->prev = n;
+    x->next = n;
+    x->size = keep;
+    return n;
+  };
+  if (at > b->addr) {
+    Block* rest = split_after(b, at - b->addr);
+    insert_free(b);  // the head stays free
+    b = rest;
+  }
+  if (b->size > size) insert_free(split_after(b, size));
+  return b;
+}
+
+Block* DeviceHeap::take_free(std::size_t size, std::size_t alignment) {
+  Block* b = find_fit(size, alignment);
+  if (b == nullptr) return nullptr;
+  erase_free(b);
+  return split_to(b, round_up(b->addr, alignment), size);
+}
+
+// ------------------------------------------------------------------ regions --
+
+std::size_t DeviceHeap::reserve_cap() const noexcept {
+  std::size_t cap = config_.max_reserved_bytes;
+  if (config_.memory_fraction > 0.0) {
+    const auto by_fraction =
+        static_cast<std::size_t>(config_.memory_fraction * static_cast<double>(caps_.total_memory));
+    if (cap == 0 || by_fraction < cap) cap = by_fraction;
+  }
+  return cap;
+}
+
+void DeviceHeap::add_region(std::size_t min_bytes, std::size_t alignment) {
+  auto rec = std::make_unique<RegionRec>();
+  Region& r = rec->region;
+  r.vmm = vmm_;
+  r.index = regions_.size();
+  if (vmm_) {
+    std::size_t size = kind_ == Kind::scratch ? config_.scratch_arena_bytes : config_.arena_bytes;
+    if (size == 0) size = (kind_ == Kind::scratch ? 1 : 4) * caps_.total_memory;
+    size = std::max(round_up(size, std::size_t{1} << 30), round_up(min_bytes + alignment, kGranule));
+    rec->va = vmm::ReservedRange(driver_, size, kGranule);
+    r.base = rec->va.base();
+    r.size = rec->va.size();
+  } else {
+    // No VMM: a region is one cuMemAlloc segment, mapped as a whole.
+    std::size_t size = round_up(min_bytes, kGranule);
+    const std::size_t cap = reserve_cap();
+    if (cap != 0 && reserved_ + size > cap) release_cached(reserved_ + size - cap, false);
+    if (cap != 0 && reserved_ + size > cap) throw_oom(min_bytes, "the reserved-bytes cap");
+    vmm::DevicePtr p = 0;
+    vmm::Result res = driver_.mem_alloc(device(), size, &p);
+    if (res == vmm::Result::out_of_memory) {
+      ++oom_retries_;
+      release_cached(0, true);
+      res = driver_.mem_alloc(device(), size, &p);
+      if (res == vmm::Result::out_of_memory) throw_oom(min_bytes, "the device");
+    }
+    if (res != vmm::Result::success)
+      throw vmm::DriverError(res, "cuMemAlloc(device " + std::to_string(device()) + ", " +
+                                      std::to_string(size) + " bytes)");
+    if (p % alignment != 0) {
+      // Spans need granule alignment; cuMemAlloc gives it for whole granules
+      // in practice, but the API promises only 256 bytes.
+      (void)driver_.mem_free(device(), p);
+      size += alignment;
+      res = driver_.mem_alloc(device(), size, &p);
+      if (res != vmm::Result::success) {
+        if (res == vmm::Result::out_of_memory) throw_oom(min_bytes, "the device");
+        throw vmm::DriverError(res, "cuMemAlloc(device " + std::to_string(device()) + ")");
+      }
+    }
+    std::uint32_t idx;
+    if (!free_chunk_slots_.empty()) {
+      idx = free_chunk_slots_.back();
+      free_chunk_slots_.pop_back();
+    } else {
+      idx = static_cast<std::uint32_t>(chunks_.size());
+      chunks_.emplace_back();
+    }
+    ChunkRec& c = chunks_[idx];
+    c.classic = p;
+    c.addr = p;
+    c.size = size;
+    c.in_use = true;
+    c.streams.clear();
+    rec->classic_chunk = idx + 1;
+    r.base = p;
+    r.size = size;
+    reserved_ += size;
+    peak_reserved_ = std::max(peak_reserved_, reserved_);
+    ++chunks_mapped_;
+  }
+  if (!PageMap::in_range(r.base + r.size - 1))
+    throw vmm::DriverError(vmm::Result::invalid_value,
+                           "gvmalloc: the driver returned address range " + hex(r.base) +
+                               " beyond the 49-bit space the page map covers; reserve at");
+  Block* b = blocks_.make();
+  b->addr = r.base;
+  b->size = r.size;
+  b->region = &r;
+  b->free = true;
+  r.first = b;
+  insert_free(b);
+  regions_.push_back(std::move(rec));
+}
+
+// ------------------------------------------------------------ stream order --
+
+void DeviceHeap::note_stream(vmm::StreamHandle stream) {
+  for (auto s : streams_seen_)
+    if (s == stream) return;
+  streams_seen_.push_back(stream);
+}
+
+void DeviceHeap::order_after(const StreamTags& tags, vmm::StreamHandle stream) {
+  if (tags.only(stream)) return;
+  if (order_event_.empty()) order_event_ = vmm::Event(driver_, device());
+  auto wait_for = [&](vmm::StreamHandle s) {
+    if (s == stream) return;
+    // Recording on S and waiting on T orders T's next work after everything
+    // S had queued, which includes every use of the block: no host sync. The
+    // event may be re-recorded at once: a wait captures its state when issued.
+    vmm::Result r = order_event_.record(s);
+    if (r == vmm::Result::success) r = order_event_.wait_on(stream);
+    if (r != vmm::Result::success)
+      throw vmm::DriverError(r, "stream-order wait on device " + std::to_string(device()));
+    ++cross_stream_waits_;
+  };
+  if (tags.all()) {
+    for (auto s : streams_seen_) wait_for(s);
+  } else {
+    for (int i = 0; i < tags.size(); ++i) wait_for(tags[i]);
+  }
+}
+
+// ----------------------------------------------------------- large blocks --
+
+void DeviceHeap::link_start(Block* b) {
+  PageEntry& e = pages_.at(b->addr);
+  b->page_next = e.starts;
+  e.starts = b;
+}
+
+void DeviceHeap::unlink_start(Block* b) {
+  PageEntry& e = pages_.at(b->addr);
+  for (Block** p = &e.starts; *p != nullptr; p = &(*p)->page_next) {
+    if (*p == b) {
+      *p = b->page_next;
+      b->page_next = nullptr;
+      return;
+    }
+  }
+}
+
+Block* DeviceHeap::find_start(std::uintptr_t addr) const {
+  const PageEntry* e = pages_.find(addr);
+  if (e == nullptr) return nullptr;
+  for (Block* b = e->starts; b != nullptr; b = b->page_next)
+    if (b->addr == addr) return b;
+  return nullptr;
+}
+
+void DeviceHeap::tag_chunks(const Block* b, vmm::StreamHandle stream) {
+  if (!vmm_) {
+    const auto& rec = regions_[b->region->index];
+    chunks_[rec->classic_chunk - 1].streams.add(stream);
+    return;
+  }
+  std::uint32_t last = 0;
+  for (std::uintptr_t g = b->addr & ~(kGranule - 1); g < b->end(); g += kGranule) {
+    const std::uint32_t c = pages_.at(g).chunk;
+    if (c != 0 && c != last) chunks_[c - 1].streams.add(stream);
+    last = c;
+  }
+}
+
+Block* DeviceHeap::allocate_block(std::size_t size, std::size_t alignment,
+                                  vmm::StreamHandle stream, std::size_t requested) {
+  note_stream(stream);
+  Block* b = take_free(size, alignment);
+  if (b == nullptr) {
+    add_region(size, alignment);
+    b = take_free(size, alignment);
+    if (b == nullptr) throw_oom(requested, "address space");
+  }
+  auto give_back = [&] {
+    b->free = true;
+    free_block(b, nullptr);
+  };
+  try {
+    order_after(b->tags, stream);
+  } catch (...) {
+    give_back();
+    throw;
+  }
+  b->free = false;
+  b->stream = stream;
+  b->requested = requested;
+  b->tags.clear();
+  try {
+    commit(b);
+  } catch (...) {
+    b->free = true;
+    b->tags.clear();
+    free_block(b, nullptr);
+    throw;
+  }
+  tag_chunks(b, stream);
+  return b;
+}
+
+void DeviceHeap::commit(Block* b) {
+  for (std::uintptr_t g = b->addr & ~(kGranule - 1); g < b->end(); g += kGranule) ++pages_.at(g).live;
+  if (!vmm_) {
+    ++large_hits_;
+    return;
+  }
+  try {
+    ensure_mapped(b);
+  } catch (...) {
+    uncommit(b);
+    throw;
+  }
+}
+
+void DeviceHeap::uncommit(Block* b) {
+  for (std::uintptr_t g = b->addr & ~(kGranule - 1); g < b->end(); g += kGranule) --pages_.at(g).live;
+}
+
+void DeviceHeap::free_block(Block* b, vmm::StreamHandle stream) {
+  // b is not in free_. Tag it with what may still run on it, then merge.
+  if (stream != nullptr || b->stream != nullptr) {
+    b->tags.add(b->stream);
+    if (stream != b->stream) b->tags.add(stream);
+  }
+  b->free = true;
+  if (Block* n = b->next; n != nullptr && n->free) {
+    erase_free(n);
+    b->size += n->size;
+    b->tags.merge(n->tags);
+    b->next = n->next;
+    if (n->next != nullptr) n->next->prev = b;
+    blocks_.recycle(n);
+  }
+  if (Block* p = b->prev; p != nullptr && p->free) {
+    erase_free(p);
+    p->size += b->size;
+    p->tags.merge(b->tags);
+    p->next = b->next;
+    if (b->next != nullptr) b->next->prev = p;
+    blocks_.recycle(b);
+    b = p;
+  }
+  insert_free(b);
+}
+
+void* DeviceHeap::allocate_large(std::size_t bytes, vmm::StreamHandle stream) {
+  const std::size_t size = round_up(bytes, kBlockAlignment);
+  std::lock_guard<std::mutex> guard(lock_);
+  Block* b = allocate_block(size, kBlockAlignment, stream, bytes);
+  link_start(b);
+  large_live_ += size;
+  ++large_allocations_;
+  add_live(static_cast<std::int64_t>(size));
+  return reinterpret_cast<void*>(b->addr);
+}
+
+bool DeviceHeap::owns(std::uintptr_t addr) const noexcept {
+  std::lock_guard<std::mutex> guard(lock_);
+  for (const auto& r : regions_)
+    if (addr - r->region.base < r->region.size) return true;
+  return false;
+}
+
+void DeviceHeap::deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream) {
+  if (const PageEntry* e = pages_.find(addr); e != nullptr) {
+    if (Span* s = e->span.load(std::memory_order_acquire); s != nullptr && s->contains(addr)) {
+      free_small(s, addr, bytes, stream);
+      return;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> guard(lock_);
+    Block* b = find_start(addr);
+    if (b == nullptr)
+      throw usage_error("gvmalloc: deallocate(" + hex(addr) + ") on device " +
+                        std::to_string(device()) +
+                        ": not a live block (never allocated here, already freed, or an interior "
+                        "pointer)");
+    if (bytes != kUnknownSize && bytes != b->requested)
+      throw usage_error("gvmalloc: deallocate(" + hex(addr) + ", " + std::to_string(bytes) +
+                        " bytes) on device " + std::to_string(device()) +
+                        ": the block was allocated with " + std::to_string(b->requested) +
+                        " bytes");
+    unlink_start(b);
+    uncommit(b);
+    if (stream != b->stream) tag_chunks(b, stream);
+    large_live_ -= b->size;
+    ++large_frees_;
+    add_live(-static_cast<std::int64_t>(b->size));
+    free_block(b, stream);
+    maybe_release_above_threshold();
+  }
+}
+
+void DeviceHeap::record_stream(std::uintptr_t addr, vmm::StreamHandle stream) {
+  if (const PageEntry* e = pages_.find(addr); e != nullptr) {
+    if (Span* s = e->span.load(std::memory_order_acquire); s != nullptr && s->contains(addr)) {
+      StreamCache& c = *s->owner;
+      std::lock_guard<SpinLock> cache_guard(c.lock);
+      const std::uintptr_t off = addr - s->base;
+      if (off % s->slot_size != 0 || !s->is_allocated(static_cast<std::uint32_t>(off / s->slot_size)))
+        throw usage_error("gvmalloc: record_stream(" + hex(addr) + "): not a live block");
+      if (stream == c.stream) return;
+      c.recorded[addr].add(stream);
+      std::lock_guard<std::mutex> guard(lock_);
+      tag_chunks(s->block, stream);
+      return;
+    }
+  }
+  std::lock_guard<std::mutex> guard(lock_);
+  Block* b = find_start(addr);
+  if (b == nullptr) throw usage_error("gvmalloc: record_stream(" + hex(addr) + "): not a live block");
+  if (stream == b->stream) return;
+  b->tags.add(stream);
+  tag_chunks(b, stream);
+}
+
+// ------------------------------------------------------------ OOM message --
+
+void DeviceHeap::throw_oom(std::size_t bytes, const char* why) {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  const bool have_info = driver_.mem_get_info(device(), &free_bytes, &total_bytes) == vmm::Result::success;
+  const auto live = static_cast<std::size_t>(std::max<std::int64_t>(0, live_.load()));
+  std::string msg = "gvmalloc: out of memory on device " + std::to_string(device()) + " (" +
+                    caps_.name + "): tried to allocate " + format_bytes(bytes) + " (limited by " +
+                    why + "); " + format_bytes(live) + " live, " +
+                    format_bytes(reserved_ > live ? reserved_ - live : 0) + " cached, " +
+                    format_bytes(reserved_) + " reserved by gvmalloc";
+  if (const std::size_t cap = reserve_cap(); cap != 0) msg += ", reserved-bytes cap " + format_bytes(cap);
+  if (have_info)
+    msg += "; the device has " + format_bytes(free_bytes) + " free of " + format_bytes(total_bytes);
+  throw out_of_memory(msg);
+}
+
+}  // namespace gvm::detail

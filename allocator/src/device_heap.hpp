@@ -1,0 +1,205 @@
+// DeviceHeap: everything gvmalloc holds on one device.
+//
+//   arena (one reservation, 4x device memory by default)
+//   +-----------------------------------------------------------------+
+//   | blk | span | blk (free) | blk ... |        free (unmapped)      |
+//   +-----------------------------------------------------------------+
+//   |<- chunk 0 ->|<-- chunk 1 -->|<- chunk 2 ->|   (mapped on demand)
+//
+// Large blocks (above Config::small_block_max_bytes) are carved best-fit
+// from the region's free blocks, which merge with free neighbours on free.
+// Small blocks come from spans: one granule cut into slots of one size class,
+// owned by one stream's cache (stream_cache.hpp). Physical chunks are mapped
+// under the blocks that need them and returned when wholly free: on trim, on
+// OOM, above the release threshold, and before growing past the
+// reserve_slack bound.
+//
+// Locking: the device lock (lock_) guards regions, blocks, chunks and the page
+// map's non-atomic fields. A stream cache's spin lock may be held while the
+// device lock is taken, never the reverse.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "block.hpp"
+#include "fence.hpp"
+#include "gvm/allocator.hpp"
+#include "gvm/config.hpp"
+#include "gvm/stats.hpp"
+#include "gvm/vmm/device_caps.hpp"
+#include "gvm/vmm/owners.hpp"
+#include "page_map.hpp"
+#include "size_classes.hpp"
+#include "span.hpp"
+#include "spin_lock.hpp"
+
+namespace gvm::detail {
+
+class DeviceHeap;
+
+// "1.50 GiB", for messages.
+std::string format_bytes(std::size_t n);
+
+// The small-block cache of one stream on one device.
+struct StreamCache {
+  SpinLock lock;
+  DeviceHeap* heap = nullptr;
+  vmm::StreamHandle stream = nullptr;
+  std::array<Span*, kMaxClasses> current{};  // span being handed out from
+  std::array<Span*, kMaxClasses> partial{};  // spans with free slots (list heads)
+  std::array<Span*, kMaxClasses> spare{};    // one unused span kept per class
+  // Streams recorded on live slots (record_stream), by slot address; rare.
+  std::unordered_map<std::uintptr_t, StreamTags> recorded;
+  // Statistics of this cache, under its lock.
+  std::uint64_t allocations = 0;
+  std::uint64_t frees = 0;
+  std::uint64_t hits = 0;
+  std::int64_t live_bytes = 0;
+};
+
+class DeviceHeap {
+ public:
+  enum class Kind { arena, scratch };
+
+  // `access`: who may touch chunks mapped here (the owner first; for the
+  // scratch heap, its peers too).
+  DeviceHeap(vmm::Driver& driver, const vmm::DeviceCaps& caps, const Config& config, Fence& fence,
+             Kind kind, std::vector<vmm::AccessDesc> access);
+  ~DeviceHeap();
+  DeviceHeap(const DeviceHeap&) = delete;
+  DeviceHeap& operator=(const DeviceHeap&) = delete;
+
+  int device() const noexcept { return caps_.device; }
+  bool uses_vmm() const noexcept { return vmm_; }
+  // Requests up to this size go to allocate_small.
+  std::size_t small_max() const noexcept { return small_max_; }
+
+  // The cache of `stream`, created on first use.
+  StreamCache& cache_for(vmm::StreamHandle stream);
+
+  void* allocate_small(StreamCache& cache, std::size_t bytes);
+  void* allocate_large(std::size_t bytes, vmm::StreamHandle stream);
+  // True if this heap owns addr (a live block or not); used to name the
+  // right device in errors.
+  bool owns(std::uintptr_t addr) const noexcept;
+  // Throws usage_error (nothing changed) for a pointer that is not the start
+  // of a live block of this heap, or a size that does not match.
+  void deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream);
+  void record_stream(std::uintptr_t addr, vmm::StreamHandle stream);
+
+  // Returns every cached chunk (and empty span) to the driver, fenced.
+  void trim();
+
+  DeviceStats stats() const;
+  bool check_invariants(std::string* why) const;
+
+  // Address range(s) of the heap's reservations, for tests.
+  std::vector<std::pair<std::uintptr_t, std::size_t>> regions() const;
+
+ private:
+  friend struct StreamCacheOps;
+  struct ChunkRec {
+    vmm::MappedChunk mem;   // VMM
+    vmm::DevicePtr classic = 0;  // no VMM: the cuMemAlloc segment
+    std::uintptr_t addr = 0;
+    std::size_t size = 0;
+    StreamTags streams;  // streams that may have touched it since it was mapped
+    bool in_use = false;
+  };
+  struct RegionRec {
+    Region region;
+    vmm::ReservedRange va;        // VMM
+    std::uint32_t classic_chunk = 0;  // no VMM: 1 + chunk index of the segment
+  };
+  struct BySizeAddr {
+    bool operator()(const Block* a, const Block* b) const noexcept {
+      return a->size != b->size ? a->size < b->size : a->addr < b->addr;
+    }
+  };
+
+  // --- large path (lock_ held) ---
+  Block* take_free(std::size_t size, std::size_t alignment);
+  Block* find_fit(std::size_t size, std::size_t alignment);
+  Block* split_to(Block* b, std::uintptr_t at, std::size_t size);
+  void add_region(std::size_t min_bytes, std::size_t alignment);
+  Block* allocate_block(std::size_t size, std::size_t alignment, vmm::StreamHandle stream,
+                        std::size_t requested);
+  void free_block(Block* b, vmm::StreamHandle stream);
+  void insert_free(Block* b);
+  void erase_free(Block* b);
+  void order_after(const StreamTags& tags, vmm::StreamHandle stream);
+  void note_stream(vmm::StreamHandle stream);
+  void commit(Block* b);     // live counts up, map what is missing
+  void uncommit(Block* b);   // live counts down
+  void ensure_mapped(Block* b);
+  void map_run(std::uintptr_t addr, std::size_t size, std::vector<std::uint32_t>& made);
+  std::size_t release_cached(std::size_t want, bool all);
+  void release_chunk(std::uint32_t index);
+  vmm::Result release_chunk_noexcept(std::uint32_t index) noexcept;
+  bool chunk_is_free(std::uint32_t index) const;
+  void release_unused_regions();
+  void maybe_release_above_threshold();
+  std::size_t reserve_cap() const noexcept;
+  [[noreturn]] void throw_oom(std::size_t bytes, const char* why);
+  void link_start(Block* b);
+  void unlink_start(Block* b);
+  Block* find_start(std::uintptr_t addr) const;
+  void tag_chunks(const Block* b, vmm::StreamHandle stream);
+
+  // --- small path ---
+  Span* new_span(StreamCache& cache, int size_class);  // takes lock_
+  void release_span(Span* s);                           // takes lock_
+  void release_span_locked(Span* s);
+  void reclaim_spans();  // empty spans of every cache back to the large pool
+  void free_small(Span* s, std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream);
+
+  void add_live(std::int64_t delta) noexcept;
+
+  vmm::Driver& driver_;
+  const vmm::DeviceCaps& caps_;
+  const Config& config_;
+  Fence& fence_;
+  const Kind kind_;
+  const std::vector<vmm::AccessDesc> access_;
+  const bool vmm_;
+  const std::size_t small_max_;
+
+  mutable std::mutex lock_;
+  PageMap pages_;
+  BlockPool blocks_;
+  std::vector<std::unique_ptr<RegionRec>> regions_;
+  std::set<Block*, BySizeAddr> free_;
+  std::vector<ChunkRec> chunks_;
+  std::vector<std::uint32_t> free_chunk_slots_;
+  std::vector<vmm::StreamHandle> streams_seen_;
+  vmm::Event order_event_;  // recorded on S, waited on by T; reusable at once
+
+  mutable std::mutex caches_lock_;
+  std::unordered_map<vmm::StreamHandle, std::unique_ptr<StreamCache>> caches_;
+  std::vector<std::unique_ptr<Span>> spans_;  // every live span (lock_)
+
+  // Statistics. live_ and peak_live_ are updated on the hot path.
+  std::atomic<std::int64_t> live_{0};
+  std::atomic<std::int64_t> peak_live_{0};
+  std::size_t reserved_ = 0;
+  std::size_t peak_reserved_ = 0;
+  std::size_t large_live_ = 0;
+  std::uint64_t large_allocations_ = 0;
+  std::uint64_t large_frees_ = 0;
+  std::uint64_t large_hits_ = 0;
+  std::uint64_t chunks_mapped_ = 0;
+  std::uint64_t chunks_unmapped_ = 0;
+  std::uint64_t oom_retries_ = 0;
+  std::uint64_t cross_stream_waits_ = 0;
+  std::uint64_t fences_ = 0;
+};
+
+}  // namespace gvm::detail

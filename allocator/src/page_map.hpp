@@ -1,0 +1,88 @@
+// PageMap: address -> granule entry, by address arithmetic.
+//
+// Two levels over a 49-bit virtual address space at 2 MiB granules: the top
+// level has 2^14 slots of 16 GiB each, each leaf 8192 entries, created the
+// first time a granule in it is used. A lookup is two loads, no hash and no
+// lock; leaves are never freed before the map itself, so a reader holding a
+// leaf pointer can never see it disappear.
+//
+//   address bits:  48 ........ 34 | 33 ........ 21 | 20 ...... 0
+//                  top index       leaf index        offset in granule
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+namespace gvm::detail {
+
+struct Block;
+struct Span;
+
+inline constexpr int kGranuleShift = 21;
+inline constexpr std::size_t kGranule = std::size_t{1} << kGranuleShift;
+
+struct PageEntry {
+  // The small-block span occupying this granule, or null. Read without a
+  // lock by deallocate; written under the device lock.
+  std::atomic<Span*> span{nullptr};
+  // Allocated large blocks that start in this granule (chained by
+  // Block::page_next); under the device lock.
+  Block* starts = nullptr;
+  // Allocated blocks (large blocks and spans) overlapping this granule; a
+  // chunk whose granules all count zero holds nothing live. Device lock.
+  std::uint32_t live = 0;
+  // 1 + index of the chunk mapped here; 0 when unmapped. Device lock.
+  std::uint32_t chunk = 0;
+};
+
+class PageMap {
+ public:
+  static constexpr int kAddressBits = 49;
+  static constexpr int kLeafBits = 13;
+  static constexpr int kTopBits = kAddressBits - kGranuleShift - kLeafBits;
+
+  PageMap() = default;
+  PageMap(const PageMap&) = delete;
+  PageMap& operator=(const PageMap&) = delete;
+  ~PageMap() {
+    for (auto& slot : top_) delete slot.load(std::memory_order_relaxed);
+  }
+
+  static bool in_range(std::uintptr_t addr) noexcept { return (addr >> kAddressBits) == 0; }
+
+  // The entry of the granule holding addr, or null if none was ever created.
+  PageEntry* find(std::uintptr_t addr) const noexcept {
+    if (!in_range(addr)) return nullptr;
+    Leaf* leaf = top_[top_index(addr)].load(std::memory_order_acquire);
+    return leaf == nullptr ? nullptr : &leaf->entries[leaf_index(addr)];
+  }
+
+  // The entry of the granule holding addr, creating its leaf. addr must be
+  // in_range. Called under the device lock.
+  PageEntry& at(std::uintptr_t addr) {
+    auto& slot = top_[top_index(addr)];
+    Leaf* leaf = slot.load(std::memory_order_acquire);
+    if (leaf == nullptr) {
+      leaf = new Leaf();
+      slot.store(leaf, std::memory_order_release);
+    }
+    return leaf->entries[leaf_index(addr)];
+  }
+
+ private:
+  struct Leaf {
+    std::array<PageEntry, std::size_t{1} << kLeafBits> entries;
+  };
+  static std::size_t top_index(std::uintptr_t a) noexcept { return a >> (kGranuleShift + kLeafBits); }
+  static std::size_t leaf_index(std::uintptr_t a) noexcept {
+    return (a >> kGranuleShift) & ((std::size_t{1} << kLeafBits) - 1);
+  }
+
+  std::array<std::atomic<Leaf*>, std::size_t{1} << kTopBits> top_{};
+};
+
+}  // namespace gvm::detail

@@ -1,0 +1,62 @@
+// Span: one granule (2 MiB) cut into equal slots of one size class, owned by
+// one stream cache. Slots are handed out from a stack of free indices; a
+// bitmap of allocated slots catches double and foreign frees.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "page_map.hpp"
+
+namespace gvm::detail {
+
+struct Block;
+struct StreamCache;
+
+struct Span {
+  std::uintptr_t base = 0;
+  std::size_t slot_size = 0;
+  std::uint32_t slots = 0;
+  std::uint32_t free_count = 0;  // entries in free_stack
+  int size_class = 0;
+  StreamCache* owner = nullptr;
+  Block* block = nullptr;  // the large block this span occupies
+  bool in_partial = false;  // on the owner's partial list
+  Span* partial_next = nullptr;
+  Span* partial_prev = nullptr;
+  std::unique_ptr<std::uint32_t[]> free_stack;
+  std::vector<std::uint64_t> allocated;  // bitmap
+
+  Span(std::uintptr_t b, std::size_t slot, int cls, StreamCache* own, Block* blk)
+      : base(b),
+        slot_size(slot),
+        slots(static_cast<std::uint32_t>(kGranule / slot)),
+        free_count(slots),
+        size_class(cls),
+        owner(own),
+        block(blk),
+        free_stack(new std::uint32_t[slots]),
+        allocated((slots + 63) / 64, 0) {
+    // Hand out low addresses first (pop from the back).
+    for (std::uint32_t i = 0; i < slots; ++i) free_stack[i] = slots - 1 - i;
+  }
+
+  bool contains(std::uintptr_t p) const noexcept { return p - base < kGranule; }
+  bool full() const noexcept { return free_count == 0; }
+  bool unused() const noexcept { return free_count == slots; }
+  bool is_allocated(std::uint32_t i) const noexcept { return (allocated[i >> 6] >> (i & 63)) & 1; }
+
+  std::uintptr_t pop() noexcept {
+    const std::uint32_t i = free_stack[--free_count];
+    allocated[i >> 6] |= std::uint64_t{1} << (i & 63);
+    return base + static_cast<std::uintptr_t>(i) * slot_size;
+  }
+  void push(std::uint32_t i) noexcept {
+    allocated[i >> 6] &= ~(std::uint64_t{1} << (i & 63));
+    free_stack[free_count++] = i;
+  }
+};
+
+}  // namespace gvm::detail

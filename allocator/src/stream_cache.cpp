@@ -1,0 +1,198 @@
+// DeviceHeap: the small-block front end (per-stream caches of spans).
+//
+// The hot path: allocate_small pops a slot from the stream's current span of
+// the size class, free_small pushes it back, each under the cache's spin
+// lock. No driver call, no device lock, no allocation.
+#include <algorithm>
+#include <string>
+
+#include "device_heap.hpp"
+
+namespace gvm::detail {
+namespace {
+
+void partial_push(StreamCache& c, Span* s) {
+  s->partial_prev = nullptr;
+  s->partial_next = c.partial[static_cast<std::size_t>(s->size_class)];
+  if (s->partial_next != nullptr) s->partial_next->partial_prev = s;
+  c.partial[static_cast<std::size_t>(s->size_class)] = s;
+  s->in_partial = true;
+}
+
+void partial_remove(StreamCache& c, Span* s) {
+  if (!s->in_partial) return;
+  if (s->partial_prev != nullptr)
+    s->partial_prev->partial_next = s->partial_next;
+  else
+    c.partial[static_cast<std::size_t>(s->size_class)] = s->partial_next;
+  if (s->partial_next != nullptr) s->partial_next->partial_prev = s->partial_prev;
+  s->partial_next = s->partial_prev = nullptr;
+  s->in_partial = false;
+}
+
+std::string hex(std::uintptr_t p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(p));
+  return buf;
+}
+
+}  // namespace
+
+void DeviceHeap::add_live(std::int64_t delta) noexcept {
+  const std::int64_t now = live_.fetch_add(delta, std::memory_order_relaxed) + delta;
+  if (delta > 0) {
+    std::int64_t peak = peak_live_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_live_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+  }
+}
+
+StreamCache& DeviceHeap::cache_for(vmm::StreamHandle stream) {
+  std::lock_guard<std::mutex> guard(caches_lock_);
+  auto& c = caches_[stream];
+  if (!c) {
+    c = std::make_unique<StreamCache>();
+    c->heap = this;
+    c->stream = stream;
+  }
+  return *c;
+}
+
+Span* DeviceHeap::new_span(StreamCache& cache, int size_class) {
+  std::lock_guard<std::mutex> guard(lock_);
+  Block* b = allocate_block(kGranule, kGranule, cache.stream, kGranule);
+  auto span = std::make_unique<Span>(b->addr, class_size(size_class), size_class, &cache, b);
+  Span* s = span.get();
+  b->span = s;
+  spans_.push_back(std::move(span));
+  pages_.at(b->addr).span.store(s, std::memory_order_release);
+  return s;
+}
+
+void DeviceHeap::release_span_locked(Span* s) {
+  pages_.at(s->base).span.store(nullptr, std::memory_order_release);
+  Block* b = s->block;
+  uncommit(b);
+  free_block(b, s->owner->stream);
+  auto it = std::find_if(spans_.begin(), spans_.end(), [&](const auto& p) { return p.get() == s; });
+  if (it != spans_.end()) {
+    std::swap(*it, spans_.back());
+    spans_.pop_back();
+  }
+}
+
+void DeviceHeap::release_span(Span* s) {
+  std::lock_guard<std::mutex> guard(lock_);
+  release_span_locked(s);
+}
+
+void* DeviceHeap::allocate_small(StreamCache& c, std::size_t bytes) {
+  const int cls = size_class_of(bytes);
+  const auto ci = static_cast<std::size_t>(cls);
+  const std::size_t slot = class_size(cls);
+  std::lock_guard<SpinLock> guard(c.lock);
+  Span* s = c.current[ci];
+  bool grew = false;
+  if (s == nullptr || s->full()) [[unlikely]] {
+    // The current span is full (it is on no list: a free will put it back on
+    // the partial list). Take a partial span, the spare, or a new one.
+    s = c.partial[ci];
+    if (s != nullptr) {
+      partial_remove(c, s);
+    } else if (c.spare[ci] != nullptr) {
+      s = c.spare[ci];
+      c.spare[ci] = nullptr;
+    } else {
+      s = new_span(c, cls);
+      grew = true;
+    }
+    c.current[ci] = s;
+  }
+  const std::uintptr_t p = s->pop();
+  ++c.allocations;
+  if (!grew) ++c.hits;
+  c.live_bytes += static_cast<std::int64_t>(slot);
+  add_live(static_cast<std::int64_t>(slot));
+  return reinterpret_cast<void*>(p);
+}
+
+void DeviceHeap::free_small(Span* s, std::uintptr_t addr, std::size_t bytes,
+                            vmm::StreamHandle stream) {
+  const std::uintptr_t off = addr - s->base;
+  StreamCache& c = *s->owner;
+  std::lock_guard<SpinLock> guard(c.lock);
+  const auto idx = static_cast<std::uint32_t>(off / s->slot_size);
+  if (off % s->slot_size != 0 || !s->is_allocated(idx))
+    throw usage_error("gvmalloc: deallocate(" + hex(addr) + ") on device " +
+                      std::to_string(device()) +
+                      ": not a live block (already freed, never allocated, or an interior pointer)");
+  if (bytes != kUnknownSize && (bytes == 0 || bytes > s->slot_size ||
+                                size_class_of(bytes) != s->size_class))
+    throw usage_error("gvmalloc: deallocate(" + hex(addr) + ", " + std::to_string(bytes) +
+                      " bytes) on device " + std::to_string(device()) +
+                      ": the block was allocated with a size in another class (slot of " +
+                      std::to_string(s->slot_size) + " bytes)");
+  // Other streams that used the slot: its owner stream reuses it at once, so
+  // the owner must first wait for their work (rare: record_stream, or a free
+  // on another stream).
+  if (stream != c.stream || !c.recorded.empty()) {
+    StreamTags others;
+    if (auto it = c.recorded.find(addr); it != c.recorded.end()) {
+      others = it->second;
+      c.recorded.erase(it);
+    }
+    if (stream != c.stream) others.add(stream);
+    if (!others.empty()) {
+      std::lock_guard<std::mutex> device_guard(lock_);
+      order_after(others, c.stream);
+    }
+  }
+  s->push(idx);
+  ++c.frees;
+  c.live_bytes -= static_cast<std::int64_t>(s->slot_size);
+  add_live(-static_cast<std::int64_t>(s->slot_size));
+  const auto ci = static_cast<std::size_t>(s->size_class);
+  if (s == c.current[ci]) return;
+  if (s->free_count == 1 && !s->unused()) {
+    partial_push(c, s);  // it was full
+  } else if (s->unused()) {
+    partial_remove(c, s);
+    if (c.spare[ci] == nullptr) {
+      c.spare[ci] = s;
+    } else {
+      release_span(s);
+    }
+  }
+}
+
+void DeviceHeap::reclaim_spans() {
+  std::vector<StreamCache*> caches;
+  {
+    std::lock_guard<std::mutex> guard(caches_lock_);
+    for (auto& [stream, c] : caches_) caches.push_back(c.get());
+  }
+  for (StreamCache* c : caches) {
+    std::lock_guard<SpinLock> cache_guard(c->lock);
+    std::lock_guard<std::mutex> guard(lock_);
+    for (std::size_t ci = 0; ci < c->current.size(); ++ci) {
+      if (Span* s = c->spare[ci]; s != nullptr) {
+        c->spare[ci] = nullptr;
+        release_span_locked(s);
+      }
+      if (Span* s = c->current[ci]; s != nullptr && s->unused()) {
+        c->current[ci] = nullptr;
+        release_span_locked(s);
+      }
+      for (Span* s = c->partial[ci]; s != nullptr;) {
+        Span* next = s->partial_next;
+        if (s->unused()) {
+          partial_remove(*c, s);
+          release_span_locked(s);
+        }
+        s = next;
+      }
+    }
+  }
+}
+
+}  // namespace gvm::detail
