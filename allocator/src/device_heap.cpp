@@ -135,7 +135,6 @@ void DeviceHeap::add_region(std::size_t min_bytes, std::size_t alignment) {
   auto rec = std::make_unique<RegionRec>();
   Region& r = rec->region;
   r.vmm = vmm_;
-  r.index = regions_.size();
   if (vmm_) {
     std::size_t size = kind_ == Kind::scratch ? config_.scratch_arena_bytes : config_.arena_bytes;
     if (size == 0) size = (kind_ == Kind::scratch ? 1 : 4) * caps_.total_memory;
@@ -148,6 +147,13 @@ void DeviceHeap::add_region(std::size_t min_bytes, std::size_t alignment) {
     std::size_t size = round_up(min_bytes, kGranule);
     const std::size_t cap = reserve_cap();
     if (cap != 0 && reserved_ + size > cap) release_cached(reserved_ + size - cap, false);
+    if (config_.reserve_slack >= 0.0) {
+      // The same bound as the VMM path (ensure_mapped), by whole segments.
+      const double live_after = static_cast<double>(live_.load(std::memory_order_relaxed)) +
+                                static_cast<double>(min_bytes);
+      const auto bound = static_cast<std::size_t>(live_after * (1.0 + config_.reserve_slack));
+      if (reserved_ + size > bound) release_cached(reserved_ + size - bound, false);
+    }
     if (cap != 0 && reserved_ + size > cap) throw_oom(min_bytes, "the reserved-bytes cap");
     vmm::DevicePtr p = 0;
     vmm::Result res = driver_.mem_alloc(device(), size, &p);
@@ -203,6 +209,7 @@ void DeviceHeap::add_region(std::size_t min_bytes, std::size_t alignment) {
   b->free = true;
   r.first = b;
   insert_free(b);
+  r.index = regions_.size();  // now: releasing cached segments above may have renumbered
   regions_.push_back(std::move(rec));
 }
 
@@ -296,6 +303,7 @@ Block* DeviceHeap::allocate_block(std::size_t size, std::size_t alignment,
     throw;
   }
   b->free = false;
+  b->span = nullptr;
   b->stream = stream;
   b->requested = requested;
   b->tags.clear();

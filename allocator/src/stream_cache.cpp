@@ -72,6 +72,7 @@ Span* DeviceHeap::new_span(StreamCache& cache, int size_class) {
 void DeviceHeap::release_span_locked(Span* s) {
   pages_.at(s->base).span.store(nullptr, std::memory_order_release);
   Block* b = s->block;
+  b->span = nullptr;
   uncommit(b);
   free_block(b, s->owner->stream);
   auto it = std::find_if(spans_.begin(), spans_.end(), [&](const auto& p) { return p.get() == s; });
