@@ -225,6 +225,19 @@ TEST_F(CApi, BadInitArgumentsAreRefusedAndStartNothing) {
   EXPECT_EQ(gvm_is_initialized(), 0);
 }
 
+TEST_F(CApi, ConfIsAppliedOverGvmConf) {
+  ScopedConfEnv env("max_chunk_size:4MiB,small_max:4KiB");
+  start("small_max:8KiB");
+  Json j;
+  std::string why;
+  const std::string text = stats_json();
+  ASSERT_TRUE(JsonReader::parse(text, &j, &why)) << why;
+  const Json* config = j.find("config");
+  ASSERT_NE(config, nullptr) << text;
+  EXPECT_NE(config->text.find("max_chunk_size:4MiB,"), std::string::npos) << config->text;
+  EXPECT_NE(config->text.find("small_max:8KiB,"), std::string::npos) << config->text;
+}
+
 TEST_F(CApi, InitOnTheRealDriverWorksOrSaysWhyNot) {
   const gvm_status st = gvm_init("small_max:4KiB");
   if (st == GVM_OK) {
