@@ -62,7 +62,9 @@ void DeviceHeap::ensure_mapped(Block* b) {
   // bound would be passed (see Config::reserve_slack).
   const std::size_t cap = reserve_cap();
   if (cap != 0 && reserved_ + need > cap) release_cached(reserved_ + need - cap, false);
-  if (config_.reserve_slack >= 0.0) {
+  // The scratch never shrinks to make room: its chunks carry peer grants
+  // that cost ~1 ms per 64 MiB to make again (MEASUREMENTS.md).
+  if (kind_ == Kind::arena && config_.reserve_slack >= 0.0) {
     const double live_after = static_cast<double>(live_.load(std::memory_order_relaxed)) +
                               static_cast<double>(b->size);
     const auto bound = static_cast<std::size_t>(live_after * (1.0 + config_.reserve_slack));
@@ -110,6 +112,36 @@ bool DeviceHeap::chunk_is_free(std::uint32_t idx) const {
   return true;
 }
 
+void DeviceHeap::fence_chunks(const std::vector<std::uint32_t>& chunks) {
+  // The fence: every stream that may have touched these chunks.
+  bool whole_device = false;
+  std::vector<StreamRef> streams;
+  auto add = [&](StreamRef ref) {
+    if (std::find(streams.begin(), streams.end(), ref) == streams.end()) streams.push_back(ref);
+  };
+  for (auto idx : chunks) {
+    const ChunkRec& c = chunks_[idx];
+    if (c.streams.all()) whole_device = true;
+    for (int i = 0; i < c.streams.size(); ++i) add(StreamRef{device(), c.streams[i]});
+    for (const StreamRef& r : c.peer_streams) add(r);
+  }
+  if (kind_ == Kind::scratch && !config_.scratch_fence_tracked) {
+    // Peers' work on the scratch is not seen by the allocator unless the
+    // caller names it: drain every device that has access.
+    std::vector<int> devices;
+    for (const auto& a : access_) devices.push_back(a.device);
+    fence_.wait_devices(devices);
+  } else if (whole_device) {
+    fence_.wait_devices({device()});
+    std::vector<StreamRef> others;
+    for (const StreamRef& r : streams)
+      if (r.device != device()) others.push_back(r);
+    fence_.wait(others);
+  } else {
+    fence_.wait(streams);
+  }
+}
+
 std::size_t DeviceHeap::release_cached(std::size_t want, bool all) {
   std::vector<std::uint32_t> picked;
   for (std::uint32_t i = 0; i < chunks_.size(); ++i)
@@ -124,27 +156,7 @@ std::size_t DeviceHeap::release_cached(std::size_t want, bool all) {
     while (n < picked.size() && sum < want) sum += chunks_[picked[n++]].size;
     picked.resize(n);
   }
-  // The fence: every stream that may have touched these chunks.
-  bool whole_device = false;
-  std::vector<StreamRef> streams;
-  for (auto idx : picked) {
-    const StreamTags& t = chunks_[idx].streams;
-    if (t.all()) whole_device = true;
-    for (int i = 0; i < t.size(); ++i) {
-      StreamRef ref{device(), t[i]};
-      if (std::find(streams.begin(), streams.end(), ref) == streams.end()) streams.push_back(ref);
-    }
-  }
-  if (kind_ == Kind::scratch) {
-    // Peers' work on the scratch is not seen by the allocator: drain them.
-    std::vector<int> devices;
-    for (const auto& a : access_) devices.push_back(a.device);
-    fence_.wait_devices(devices);
-  } else if (whole_device) {
-    fence_.wait_devices({device()});
-  } else {
-    fence_.wait(streams);
-  }
+  fence_chunks(picked);
   ++fences_;
   std::size_t freed = 0;
   for (auto idx : picked) {
@@ -214,7 +226,7 @@ void DeviceHeap::release_unused_regions() {
 }
 
 void DeviceHeap::maybe_release_above_threshold() {
-  if (config_.release_threshold_bytes == SIZE_MAX) return;
+  if (kind_ == Kind::scratch || config_.release_threshold_bytes == SIZE_MAX) return;
   const auto live = static_cast<std::size_t>(std::max<std::int64_t>(0, live_.load()));
   const std::size_t cached = reserved_ > live ? reserved_ - live : 0;
   if (cached > config_.release_threshold_bytes)
@@ -226,6 +238,84 @@ void DeviceHeap::trim() {
   std::lock_guard<std::mutex> guard(lock_);
   release_cached(0, true);
   release_unused_regions();
+}
+
+}  // namespace gvm::detail
+
+namespace gvm::detail {
+
+std::vector<vmm::AccessDesc> DeviceHeap::access() const {
+  std::lock_guard<std::mutex> guard(lock_);
+  return access_;
+}
+
+void DeviceHeap::set_access(std::vector<vmm::AccessDesc> access) {
+  std::lock_guard<std::mutex> guard(lock_);
+  // Devices that had access and lose it are named with PROT_NONE: setting
+  // the others alone does not revoke (MEASUREMENTS.md, Hazards).
+  std::vector<vmm::AccessDesc> descs = access;
+  for (const auto& old : access_) {
+    const bool kept = std::any_of(access.begin(), access.end(),
+                                  [&](const vmm::AccessDesc& a) { return a.device == old.device; });
+    if (!kept) descs.push_back({old.device, vmm::Access::none});
+  }
+  if (vmm_) {
+    for (auto& c : chunks_) {
+      if (!c.in_use) continue;
+      const vmm::Result r = driver_.mem_set_access(c.addr, c.size, descs.data(), descs.size());
+      if (r != vmm::Result::success)
+        throw vmm::DriverError(r, "cuMemSetAccess(device " + std::to_string(device()) +
+                                      " scratch chunk of " + std::to_string(c.size) + " bytes)");
+      // After the change only the owner's and the new peers' work can touch it.
+      c.peer_streams.clear();
+    }
+  }
+  access_ = std::move(access);
+}
+
+void DeviceHeap::note_use(std::uintptr_t addr, StreamRef ref) {
+  std::lock_guard<std::mutex> guard(lock_);
+  Block* b = find_start(addr);
+  if (b == nullptr) return;
+  if (ref.device == device()) {
+    tag_chunks(b, ref.stream);
+    return;
+  }
+  for (std::uintptr_t g = b->addr & ~(kGranule - 1); g < b->end(); g += kGranule) {
+    const std::uint32_t ci = pages_.at(g).chunk;
+    if (ci == 0) continue;
+    auto& v = chunks_[ci - 1].peer_streams;
+    if (std::find(v.begin(), v.end(), ref) == v.end()) v.push_back(ref);
+  }
+}
+
+std::vector<StreamRef> DeviceHeap::streams_touching(bool* whole_devices) const {
+  std::lock_guard<std::mutex> guard(lock_);
+  std::vector<StreamRef> out;
+  *whole_devices = kind_ == Kind::scratch && !config_.scratch_fence_tracked;
+  for (const auto& c : chunks_) {
+    if (!c.in_use) continue;
+    if (c.streams.all()) *whole_devices = true;
+    for (int i = 0; i < c.streams.size(); ++i) {
+      StreamRef r{device(), c.streams[i]};
+      if (std::find(out.begin(), out.end(), r) == out.end()) out.push_back(r);
+    }
+    for (const StreamRef& r : c.peer_streams)
+      if (std::find(out.begin(), out.end(), r) == out.end()) out.push_back(r);
+  }
+  return out;
+}
+
+bool DeviceHeap::is_live_block(std::uintptr_t addr, std::size_t bytes) const {
+  std::lock_guard<std::mutex> guard(lock_);
+  for (const auto& r : regions_) {
+    if (addr - r->region.base >= r->region.size) continue;
+    // Any live block that holds [addr, addr + bytes): a walk, for peer_copy's
+    // choice of path only, never on the allocation path.
+    for (const Block* b = r->region.first; b != nullptr; b = b->next)
+      if (!b->free && addr >= b->addr && addr + bytes <= b->end()) return true;
+  }
+  return false;
 }
 
 }  // namespace gvm::detail

@@ -121,7 +121,7 @@ struct Key {
   void (*apply)(Config& c, std::string_view key, std::string_view value);
 };
 
-constexpr std::array<Key, 12> kKeys{{
+constexpr std::array<Key, 13> kKeys{{
     {"arena_size",
      [](Config& c, std::string_view k, std::string_view v) { c.arena_bytes = parse_size(k, v); }},
     {"max_chunk_size",
@@ -196,6 +196,16 @@ constexpr std::array<Key, 12> kKeys{{
                               std::string_view v) { c.scratch_arena_bytes = parse_size(k, v); }},
     {"fence",
      [](Config& c, std::string_view k, std::string_view v) { c.fence_enabled = parse_bool(k, v); }},
+    {"scratch_fence",
+     [](Config& c, std::string_view k, std::string_view v) {
+       if (v == "devices") {
+         c.scratch_fence_tracked = false;
+       } else if (v == "tracked") {
+         c.scratch_fence_tracked = true;
+       } else {
+         bad_value(k, v, "expected devices or tracked");
+       }
+     }},
 }};
 
 std::string known_keys() {
@@ -303,6 +313,7 @@ std::string to_string(const Config& c) {
   add("scratch_chunk_size", size_text(c.scratch_chunk_bytes));
   add("scratch_arena_size", size_text(c.scratch_arena_bytes));
   add("fence", c.fence_enabled ? "true" : "false");
+  add("scratch_fence", c.scratch_fence_tracked ? "tracked" : "devices");
   return out;
 }
 

@@ -98,6 +98,22 @@ class DeviceHeap {
   // Returns every cached chunk (and empty span) to the driver, fenced.
   void trim();
 
+  // --- peer scratch ---
+  // Who may access this heap's chunks: applied now to every mapped chunk
+  // (one cuMemSetAccess each; a device left out of `access` but present
+  // before is revoked with PROT_NONE) and to chunks mapped later. The caller
+  // has fenced every device that may touch them (Allocator::set_peer_policy).
+  void set_access(std::vector<vmm::AccessDesc> access);
+  std::vector<vmm::AccessDesc> access() const;
+  // Work on `ref` uses the live block at addr: a fence before this memory's
+  // access changes or is unmapped waits for it (Config::scratch_fence_tracked).
+  void note_use(std::uintptr_t addr, StreamRef ref);
+  // The streams a fence over every chunk of this heap must wait for; sets
+  // *whole_devices when tracking cannot tell (then synchronise the devices).
+  std::vector<StreamRef> streams_touching(bool* whole_devices) const;
+  // The block starting at addr if it is live here (for peer_copy).
+  bool is_live_block(std::uintptr_t addr, std::size_t bytes) const;
+
   DeviceStats stats() const;
   bool check_invariants(std::string* why) const;
 
@@ -111,7 +127,8 @@ class DeviceHeap {
     vmm::DevicePtr classic = 0;  // no VMM: the cuMemAlloc segment
     std::uintptr_t addr = 0;
     std::size_t size = 0;
-    StreamTags streams;  // streams that may have touched it since it was mapped
+    StreamTags streams;  // streams of this device that may have touched it
+    std::vector<StreamRef> peer_streams;  // scratch: (device, stream) users
     bool in_use = false;
   };
   struct RegionRec {
@@ -153,6 +170,7 @@ class DeviceHeap {
   void unlink_start(Block* b);
   Block* find_start(std::uintptr_t addr) const;
   void tag_chunks(const Block* b, vmm::StreamHandle stream);
+  void fence_chunks(const std::vector<std::uint32_t>& chunks);
 
   // --- small path ---
   Span* new_span(StreamCache& cache, int size_class);  // takes lock_
@@ -168,7 +186,7 @@ class DeviceHeap {
   const Config& config_;
   Fence& fence_;
   const Kind kind_;
-  const std::vector<vmm::AccessDesc> access_;
+  std::vector<vmm::AccessDesc> access_;  // lock_
   const bool vmm_;
   const std::size_t small_max_;
 

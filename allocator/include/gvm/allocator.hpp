@@ -56,6 +56,39 @@ class Allocator {
   // Throws usage_error for a pointer that is not a live block.
   void record_stream(void* ptr, vmm::StreamHandle stream);
 
+  // --- peer scratch (docs/peer-access.md) ---------------------------------
+  // A block in `device`'s scratch buffer: a separate reservation whose chunks
+  // the peers admitted by the peer policy may read and write (granted with
+  // one cuMemSetAccess per chunk when it is mapped, never revoked on a free).
+  // Ordinary blocks stay private to their device. Free it with deallocate
+  // (or scratch_deallocate). Throws as allocate does.
+  void* scratch_allocate(std::size_t bytes, int device, vmm::StreamHandle stream);
+  void scratch_deallocate(void* ptr, std::size_t bytes, int device, vmm::StreamHandle stream);
+
+  // record_stream for a stream of any device: for a stream of the block's own
+  // device, as record_stream(ptr, stream); for a peer's stream, the fence
+  // before an access change or unmap of the block's memory waits for it (with
+  // scratch_fence:tracked). Work of a peer must be finished or ordered by the
+  // caller before the block is freed, as with any allocator.
+  void record_stream(void* ptr, vmm::StreamHandle stream, int stream_device);
+
+  // The policy under which `peer` reaches `owner`'s scratch.
+  PeerPolicy peer_policy(int owner, int peer) const;
+  // Changes the policy of every pair at a phase boundary (what an inference
+  // engine does when its batch size crosses a threshold): fences first, then
+  // grants, revokes, or toggles context peer access. automatic returns to
+  // the choice from DeviceCaps. Throws driver_error.
+  void set_peer_policy(PeerPolicy policy);
+
+  // Copies `bytes` from src (on src_device) to dst (on dst_device), ordered
+  // on `stream`, a stream of dst_device. Direct (P2P) when src lies in
+  // src_device's scratch and the policy admits dst_device; staged by the
+  // driver (cuMemcpyPeerAsync) otherwise. Throws driver_error.
+  void peer_copy(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes,
+                 vmm::StreamHandle stream);
+  // Whether peer_copy from src would take the direct path.
+  bool is_peer_copy_direct(const void* src, int src_device, int dst_device) const;
+
   // Returns every cached chunk of `device` (-1: every device) to the driver,
   // behind the fence. Live blocks are untouched.
   void trim(int device = -1);

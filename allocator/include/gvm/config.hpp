@@ -60,6 +60,13 @@ struct Config {
   std::size_t scratch_chunk_bytes = std::size_t{64} << 20;  // key: scratch_chunk_size
   // Reserve for the scratch buffer per device; 0 = the device's memory size.
   std::size_t scratch_arena_bytes = 0;  // key: scratch_arena_size
+  // How the fence before a scratch chunk's access change or unmap finds the
+  // work that may touch it. false ("devices"): synchronise every device that
+  // has access - always safe. true ("tracked"): wait only for the streams
+  // that allocated the blocks and those named with record_stream(ptr, stream,
+  // device) - cheaper, but the caller promises to name every peer stream that
+  // uses the scratch (docs/peer-access.md measures both).
+  bool scratch_fence_tracked = false;  // key: scratch_fence (devices|tracked)
   // Test hook: with false the fence does nothing. Never set in production;
   // it exists so tests can prove the fence is what prevents the hazards.
   bool fence_enabled = true;  // key: fence (documented as a test hook)

@@ -1,0 +1,125 @@
+// Allocator::Impl, shared by allocator.cpp (blocks) and peer_access.cpp
+// (scratch, peer policy, peer copies).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "counting_driver.hpp"
+#include "device_heap.hpp"
+#include "fence.hpp"
+#include "gvm/allocator.hpp"
+#include "peer_policy.hpp"
+
+namespace gvm {
+namespace detail {
+
+// The last (allocator, device, stream) -> cache lookup of this thread. The
+// allocator id is never reused, so a stale slot can never match.
+struct CacheSlot {
+  std::uint64_t owner = 0;
+  int device = -1;
+  vmm::StreamHandle stream = nullptr;
+  StreamCache* cache = nullptr;
+};
+inline thread_local CacheSlot tls_cache_slot;
+inline std::atomic<std::uint64_t> next_allocator_id{1};
+
+}  // namespace detail
+
+class Allocator::Impl {
+ public:
+  Impl(vmm::Driver& driver, Config config)
+      : driver_(driver),
+        config_(std::move(config)),
+        caps_(vmm::read_all_device_caps(driver_)),
+        fence_(driver_, static_cast<int>(caps_.size()), config_.fence_enabled),
+        heaps_(caps_.size()),
+        policy_(caps_.size() * caps_.size(), PeerPolicy::none),
+        global_enabled_(caps_.size() * caps_.size(), 0),
+        scratch_(caps_.size()),
+        owned_(caps_.size()),
+        owned_scratch_(caps_.size()),
+        id_(detail::next_allocator_id.fetch_add(1)) {
+    init_peer_policy();
+  }
+
+  void check_device(int device, const char* what) const {
+    if (device < 0 || static_cast<std::size_t>(device) >= caps_.size())
+      throw usage_error(std::string("gvmalloc: ") + what + ": device " + std::to_string(device) +
+                        " does not exist (" + std::to_string(caps_.size()) + " device" +
+                        (caps_.size() == 1 ? "" : "s") + ")");
+  }
+
+  detail::DeviceHeap& heap(int device) {
+    detail::DeviceHeap* h = heaps_[static_cast<std::size_t>(device)].load(std::memory_order_acquire);
+    if (h != nullptr) return *h;
+    std::lock_guard<std::mutex> guard(heaps_lock_);
+    auto& slot = owned_[static_cast<std::size_t>(device)];
+    if (!slot) {
+      slot = std::make_unique<detail::DeviceHeap>(
+          driver_, caps_[static_cast<std::size_t>(device)], config_, fence_,
+          detail::DeviceHeap::Kind::arena,
+          std::vector<vmm::AccessDesc>{{device, vmm::Access::read_write}});
+      heaps_[static_cast<std::size_t>(device)].store(slot.get(), std::memory_order_release);
+    }
+    return *slot;
+  }
+
+  detail::DeviceHeap* existing_heap(int device) const {
+    return heaps_[static_cast<std::size_t>(device)].load(std::memory_order_acquire);
+  }
+
+  detail::StreamCache& cache(detail::DeviceHeap& h, int device, vmm::StreamHandle stream) {
+    detail::CacheSlot& slot = detail::tls_cache_slot;
+    if (slot.owner == id_ && slot.device == device && slot.stream == stream) [[likely]]
+      return *slot.cache;
+    detail::StreamCache& c = h.cache_for(stream);
+    slot = detail::CacheSlot{id_, device, stream, &c};
+    return c;
+  }
+
+  // The device whose heap holds addr, or -1.
+  int owner_of(std::uintptr_t addr) const {
+    for (std::size_t d = 0; d < heaps_.size(); ++d)
+      if (heap_holding(static_cast<int>(d), addr) != nullptr) return static_cast<int>(d);
+    return -1;
+  }
+
+  // --- peer access (peer_access.cpp) ---
+  void init_peer_policy();
+  detail::DeviceHeap& scratch(int device);
+  detail::DeviceHeap* existing_scratch(int device) const {
+    return scratch_[static_cast<std::size_t>(device)].load(std::memory_order_acquire);
+  }
+  std::vector<vmm::AccessDesc> scratch_access(int owner) const;  // policy_lock_ held
+  void enable_global(int peer, int owner);                        // policy_lock_ held
+  PeerPolicy policy(int owner, int peer) const {
+    return policy_[static_cast<std::size_t>(owner) * caps_.size() + static_cast<std::size_t>(peer)];
+  }
+  // The heap (arena or scratch) of `device` that holds addr, or null.
+  detail::DeviceHeap* heap_holding(int device, std::uintptr_t addr) const;
+
+  detail::CountingDriver driver_;
+  Config config_;
+  std::vector<vmm::DeviceCaps> caps_;
+  detail::Fence fence_;
+  std::mutex heaps_lock_;
+  std::vector<std::atomic<detail::DeviceHeap*>> heaps_;
+  mutable std::mutex policy_lock_;
+  PeerPolicy requested_policy_ = PeerPolicy::automatic;
+  std::vector<PeerPolicy> policy_;  // [owner * n + peer]
+  // Context peer access this allocator enabled: [peer * n + owner].
+  std::vector<char> global_enabled_;
+  std::vector<std::atomic<detail::DeviceHeap*>> scratch_;
+  // Declared last: heaps are destroyed (fenced, unmapped) before the rest.
+  std::vector<std::unique_ptr<detail::DeviceHeap>> owned_;
+  std::vector<std::unique_ptr<detail::DeviceHeap>> owned_scratch_;
+  const std::uint64_t id_;
+};
+
+}  // namespace gvm
