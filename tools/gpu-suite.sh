@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# tools/gpu-suite.sh: the whole check on a GPU machine, in one run.
+#
+#   OUT=/some/dir tools/gpu-suite.sh      (logs go to $OUT, else ./gpu-suite-out)
+#
+# 1. configure and build from scratch into build-gpu (Release, -j$(nproc))
+# 2. gvm-info (what the allocator sees)
+# 3. ctest: every test; non-GPU labels in parallel, label gpu one at a time
+#    (GPU tests time kernels and fill device memory: running them side by side
+#    would make them measure each other)
+# 4. every binary with a gpu-labelled test under compute-sanitizer memcheck,
+#    without the tests named *Unfenced* (they break a context on purpose, in a
+#    child process)
+# 5. the benchmarks bench/gvm-bench-* (JSON) and gvm-replay on the GPT-2 trace
+# 6. a short summary, last
+#
+# Each step's failure is reported and the run goes on, so one run gives the
+# whole picture; the exit status is 1 if anything failed. Uses no network.
+set -u -o pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD="$ROOT/build-gpu"
+OUT_DIR="${OUT:-$PWD/gpu-suite-out}"
+JOBS=$(nproc 2>/dev/null || echo 4)
+mkdir -p "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+
+FAILED=()     # "step: why" for every step that failed
+SUMMARY=()    # lines of the final summary
+
+note() { printf '\n=== %s\n' "$*"; }
+
+# run_step NAME CMD...: runs CMD with its output in $OUT_DIR/NAME.log (also
+# echoed), records a failure, and returns CMD's status.
+run_step() {
+  local name=$1
+  shift
+  local log="$OUT_DIR/$name.log"
+  note "$name: $*"
+  "$@" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  if [ "$rc" -ne 0 ]; then
+    FAILED+=("$name: exit $rc (log: $log)")
+    note "$name FAILED (exit $rc)"
+  fi
+  return "$rc"
+}
+
+PYTHON=$(command -v python3 || true)
+SANITIZER=$(command -v compute-sanitizer || true)
+[ -z "$SANITIZER" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] &&
+  SANITIZER=/usr/local/cuda/bin/compute-sanitizer
+
+# --- 0. environment (for the record; a failure here fails nothing) ---------------
+{
+  date -u
+  uname -a
+  command -v nvidia-smi >/dev/null && nvidia-smi
+  command -v nvidia-smi >/dev/null && nvidia-smi topo -m
+  command -v nvcc >/dev/null && nvcc --version
+  cmake --version | head -1
+  "${CXX:-g++}" --version | head -1
+  [ -n "$SANITIZER" ] && "$SANITIZER" --version | tail -1
+  git -C "$ROOT" log -1 --oneline 2>/dev/null
+} >"$OUT_DIR/environment.log" 2>&1
+
+# --- 1. build ---------------------------------------------------------------------
+BUILT=0
+rm -rf "$BUILD"
+if run_step configure cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release &&
+  run_step build cmake --build "$BUILD" -j "$JOBS"; then
+  BUILT=1
+  SUMMARY+=("build: ok (Release, -j$JOBS)")
+else
+  SUMMARY+=("build: FAILED: nothing below ran")
+fi
+
+if [ "$BUILT" = 1 ]; then
+  # --- 2. gvm-info ----------------------------------------------------------------
+  run_step gvm-info "$BUILD/tools/gvm-info"
+
+  # --- 3. ctest -------------------------------------------------------------------
+  ctest --test-dir "$BUILD" --show-only=json-v1 >"$OUT_DIR/ctest-tests.json" 2>/dev/null
+  run_step ctest-nongpu ctest --test-dir "$BUILD" -LE '^gpu$' -j "$JOBS" --output-on-failure \
+    --timeout 600 --output-junit "$OUT_DIR/ctest-nongpu.xml"
+  run_step ctest-gpu ctest --test-dir "$BUILD" -L '^gpu$' -j 1 --output-on-failure \
+    --timeout 900 --output-junit "$OUT_DIR/ctest-gpu.xml"
+  cat "$OUT_DIR/ctest-nongpu.log" "$OUT_DIR/ctest-gpu.log" >"$OUT_DIR/ctest.log" 2>/dev/null
+
+  if [ -n "$PYTHON" ]; then
+    # Passed / failed / skipped per label, and what the hazard tests observed.
+    while IFS= read -r line; do SUMMARY+=("$line"); done < <("$PYTHON" - "$OUT_DIR" <<'PY'
+import json, sys, os, re, collections
+import xml.etree.ElementTree as ET
+out = sys.argv[1]
+labels = {}
+try:
+    for t in json.load(open(os.path.join(out, "ctest-tests.json")))["tests"]:
+        ls = []
+        for p in t.get("properties", []):
+            if p["name"] == "LABELS":
+                ls = p["value"]
+        labels[t["name"]] = ls or ["(no label)"]
+except Exception as e:
+    print("tests: cannot read the test list: %s" % e)
+counts = collections.defaultdict(lambda: collections.Counter())
+failed = []
+hazards = []
+for f in ("ctest-nongpu.xml", "ctest-gpu.xml"):
+    path = os.path.join(out, f)
+    if not os.path.exists(path):
+        continue
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as e:
+        print("tests: %s unreadable: %s" % (f, e))
+        continue
+    for tc in root.iter("testcase"):
+        name = tc.get("name")
+        if tc.find("failure") is not None or tc.get("status") == "fail":
+            state = "failed"
+            failed.append(name)
+        elif tc.find("skipped") is not None or tc.get("status") in ("notrun", "disabled"):
+            state = "skipped"
+        else:
+            state = "passed"
+        for l in labels.get(name, ["(no label)"]):
+            counts[l][state] += 1
+        text = tc.findtext("system-out") or ""
+        # The hazard reports (tests/gpu/hazard_scenarios.cpp): key=value lines.
+        for block in re.findall(r"(scenario=.*?)(?:\n---|\Z)", text, re.S):
+            kv = dict(l.split("=", 1) for l in block.splitlines() if "=" in l)
+            hazards.append("  %s fenced=%s: pending=%s change=%s sync=%s later=%s" % (
+                kv.get("scenario"), kv.get("fenced"), kv.get("pending_before_change", "-"),
+                kv.get("change", "-"), kv.get("sync", "-"), kv.get("later", "-")))
+for l in sorted(counts):
+    c = counts[l]
+    print("tests %-6s %d passed, %d failed, %d skipped" % (l + ":", c["passed"], c["failed"], c["skipped"]))
+for n in failed[:10]:
+    print("  FAILED: %s" % n)
+if len(failed) > 10:
+    print("  ... and %d more failures (ctest.log)" % (len(failed) - 10))
+if hazards:
+    print("hazards observed:")
+    for h in hazards:
+        print(h)
+PY
+)
+  else
+    SUMMARY+=("tests: see ctest.log (no python3 for the per-label counts)")
+  fi
+
+  # --- 4. compute-sanitizer ---------------------------------------------------------
+  if [ -z "$SANITIZER" ]; then
+    FAILED+=("sanitizer: compute-sanitizer not found")
+    SUMMARY+=("sanitizer: NOT RUN (compute-sanitizer not found)")
+  elif [ -z "$PYTHON" ]; then
+    FAILED+=("sanitizer: python3 needed to find the gpu test binaries")
+    SUMMARY+=("sanitizer: NOT RUN (no python3)")
+  else
+    mapfile -t GPU_BINARIES < <("$PYTHON" - "$OUT_DIR/ctest-tests.json" <<'PY'
+import json, sys
+seen = []
+for t in json.load(open(sys.argv[1]))["tests"]:
+    ls = [p["value"] for p in t.get("properties", []) if p["name"] == "LABELS"]
+    if ls and "gpu" in ls[0] and t.get("command"):
+        exe = t["command"][0]
+        if exe not in seen:
+            seen.append(exe)
+print("\n".join(seen))
+PY
+)
+    total_errors=0
+    for bin in "${GPU_BINARIES[@]}"; do
+      [ -n "$bin" ] || continue
+      name=$(basename "$bin")
+      run_step "sanitizer-$name" timeout 1800 "$SANITIZER" --tool memcheck --error-exitcode 99 \
+        "$bin" '--gtest_filter=-*Unfenced*'
+      rc=$?
+      errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$OUT_DIR/sanitizer-$name.log" | tail -1 | grep -Eo '[0-9]+$')
+      errors=${errors:-unknown}
+      [ "$errors" != unknown ] && total_errors=$((total_errors + errors))
+      SUMMARY+=("sanitizer $name: $errors memcheck errors, exit $rc")
+    done
+    [ "${#GPU_BINARIES[@]}" -eq 0 ] && SUMMARY+=("sanitizer: no gpu test binaries found")
+    SUMMARY+=("sanitizer total: $total_errors errors")
+  fi
+
+  # --- 5. benchmarks ------------------------------------------------------------------
+  shopt -s nullglob
+  BENCHES=("$BUILD"/bench/gvm-bench-*)
+  shopt -u nullglob
+  for b in "${BENCHES[@]}"; do
+    if [ ! -f "$b" ] || [ ! -x "$b" ]; then continue; fi
+    name=$(basename "$b")
+    run_step "$name" "$b" --benchmark_format=json --benchmark_out="$OUT_DIR/$name.json" \
+      --benchmark_out_format=json
+    rc=$?
+    if [ -n "$PYTHON" ] && [ -s "$OUT_DIR/$name.json" ]; then
+      while IFS= read -r line; do SUMMARY+=("$line"); done < <("$PYTHON" - "$OUT_DIR/$name.json" "$name" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except Exception as e:
+    print("%s: unreadable JSON (%s)" % (sys.argv[2], e)); sys.exit()
+bs = d.get("benchmarks", [])
+errs = [b["name"] for b in bs if b.get("error_occurred")]
+print("%s: %d results, %d errors" % (sys.argv[2], len(bs), len(errs)))
+# Headline: medians when repetitions were run, else the plain results.
+pick = [b for b in bs if b.get("aggregate_name") == "median"] or \
+       [b for b in bs if b.get("run_type", "iteration") == "iteration" and not b.get("error_occurred")]
+for b in pick[:8]:
+    extra = ""
+    if "items_per_second" in b:
+        extra = ", %.3g items/s" % b["items_per_second"]
+    print("  %-50s %10.1f %s%s" % (b["name"][:50], b.get("real_time", 0), b.get("time_unit", ""), extra))
+if len(pick) > 8:
+    print("  ... %d more in %s" % (len(pick) - 8, sys.argv[1]))
+PY
+)
+    else
+      SUMMARY+=("$name: exit $rc, no JSON results")
+    fi
+  done
+  [ "${#BENCHES[@]}" -eq 0 ] && SUMMARY+=("benchmarks: none built (bench/gvm-bench-*)")
+
+  REPLAY="$BUILD/bench/gvm-replay"
+  TRACE="$ROOT/traces/gpt2_train.trace.gz"
+  if [ -x "$REPLAY" ] && [ -f "$TRACE" ]; then
+    note "gvm-replay: $REPLAY --driver cuda --json $TRACE"
+    "$REPLAY" --driver cuda --json "$TRACE" >"$OUT_DIR/gvm-replay.json" 2>"$OUT_DIR/gvm-replay.log"
+    rc=$?
+    cat "$OUT_DIR/gvm-replay.log"
+    if [ "$rc" -ne 0 ]; then
+      FAILED+=("gvm-replay: exit $rc (log: $OUT_DIR/gvm-replay.log)")
+      SUMMARY+=("gvm-replay: FAILED (exit $rc)")
+    elif [ -n "$PYTHON" ]; then
+      while IFS= read -r line; do SUMMARY+=("$line"); done < <("$PYTHON" - "$OUT_DIR/gvm-replay.json" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except Exception as e:
+    print("gvm-replay: unreadable JSON (%s)" % e); sys.exit()
+scalars = [(k, v) for k, v in d.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)]
+print("gvm-replay (gpt2_train, real driver):")
+for k, v in scalars[:10]:
+    print("  %s: %s" % (k, v))
+PY
+)
+    else
+      SUMMARY+=("gvm-replay: ok (gvm-replay.json)")
+    fi
+  else
+    SUMMARY+=("gvm-replay: not run (no $REPLAY or no $TRACE)")
+  fi
+fi
+
+# --- 6. summary -----------------------------------------------------------------------
+{
+  echo
+  echo "==================== gpu-suite summary ===================="
+  for line in "${SUMMARY[@]}"; do echo "$line"; done
+  if [ "${#FAILED[@]}" -eq 0 ]; then
+    echo "RESULT: all steps passed"
+  else
+    echo "RESULT: ${#FAILED[@]} step(s) failed:"
+    for f in "${FAILED[@]}"; do echo "  $f"; done
+  fi
+  echo "logs: $OUT_DIR"
+} | tee "$OUT_DIR/summary.txt"
+
+[ "${#FAILED[@]}" -eq 0 ]
