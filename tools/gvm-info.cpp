@@ -7,7 +7,6 @@
 // handle types, granularity, peers) and the peer policy each ordered device
 // pair would get. Exit status: 0 printed, 1 no usable driver (the loader's
 // message on stderr), 2 bad arguments.
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -16,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gvm/allocator.hpp"
 #include "gvm/config.hpp"
 #include "gvm/vmm/cuda_driver.hpp"
 #include "gvm/vmm/device_caps.hpp"
@@ -31,20 +31,6 @@ constexpr const char* kUsage =
     "  --sim <profile>  simulate the machine instead of loading libcuda.so.1\n"
     "                   (p40, v100, t4, a100, l4, h100, h200, b200)\n"
     "  --devices <n>    number of simulated devices, 1 to 64 (default 1)\n";
-
-// The automatic peer policy for `device` reading memory of `peer`
-// (DESIGN.md "Peer policy"): per-range grants need VMM and an Ampere or newer
-// GPU on both sides, where cuMemSetAccess grants are real; before Ampere they
-// are emulated like the global toggle, so global access is enabled once
-// instead; without a P2P path, copies are staged and nothing is granted.
-PeerPolicy automatic_policy(const DeviceCaps& device, const DeviceCaps& peer) {
-  const bool p2p = device.can_access_peer.at(static_cast<std::size_t>(peer.device));
-  if (!p2p) return PeerPolicy::none;
-  const int cc = std::min(device.compute_capability(), peer.compute_capability());
-  if (device.vmm && peer.vmm && cc >= 80) return PeerPolicy::per_allocation;
-  if (cc < 80) return PeerPolicy::global;
-  return PeerPolicy::none;
-}
 
 std::string mib(std::size_t bytes) {
   return std::to_string(bytes >> 20) + " MiB";
@@ -109,6 +95,11 @@ int print_machine(gvm::vmm::Driver& driver, const std::string& label) {
   }
 
   if (caps.size() < 2) return 0;
+  // The policy is the allocator's own choice (DESIGN.md "Peer policy"), with
+  // GVM_CONF applied, so this shows what a program using gvmalloc would get.
+  // Constructing an Allocator only reads DeviceCaps: no memory, no access
+  // change. A second one with the default config names the automatic choice
+  // when GVM_CONF overrides it.
   gvm::Config config;
   std::string config_note;
   try {
@@ -116,18 +107,27 @@ int print_machine(gvm::vmm::Driver& driver, const std::string& label) {
   } catch (const std::exception& e) {
     config_note = std::string(" (GVM_CONF ignored: ") + e.what() + ")";
   }
-  std::printf("peer policy (device reading a peer's memory)%s:\n", config_note.c_str());
-  for (const DeviceCaps& a : caps) {
-    for (const DeviceCaps& b : caps) {
-      if (a.device == b.device) continue;
-      PeerPolicy automatic = automatic_policy(a, b);
-      if (config.peer_policy == PeerPolicy::automatic) {
-        std::printf("  %d -> %d: %s\n", a.device, b.device, gvm::to_string(automatic));
-      } else {
-        std::printf("  %d -> %d: %s (set by GVM_CONF; automatic would be %s)\n", a.device, b.device,
-                    gvm::to_string(config.peer_policy), gvm::to_string(automatic));
+  try {
+    gvm::Allocator configured(driver, config);
+    gvm::Allocator automatic(driver, gvm::Config{});
+    std::printf("peer policy (device reading a peer's memory)%s:\n", config_note.c_str());
+    for (const DeviceCaps& reader : caps) {
+      for (const DeviceCaps& owner : caps) {
+        if (reader.device == owner.device) continue;
+        PeerPolicy chosen = configured.peer_policy(owner.device, reader.device);
+        PeerPolicy automatic_choice = automatic.peer_policy(owner.device, reader.device);
+        if (config.peer_policy == PeerPolicy::automatic) {
+          std::printf("  %d -> %d: %s\n", reader.device, owner.device, gvm::to_string(chosen));
+        } else {
+          std::printf("  %d -> %d: %s (GVM_CONF peer_policy:%s; automatic would be %s)\n",
+                      reader.device, owner.device, gvm::to_string(chosen),
+                      gvm::to_string(config.peer_policy), gvm::to_string(automatic_choice));
+        }
       }
     }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gvm-info: %s\n", e.what());
+    return 1;
   }
   return 0;
 }
