@@ -301,11 +301,12 @@ void engine_scenario(int devices, int phases, bool fence) {
                                             at(streams, d));
       for (int d = 0; d < devices; ++d)
         for (int p = 0; p < devices; ++p)
-          if (p != d)
+          if (p != d) {
             ASSERT_EQ(sim->enqueue_access(p, at(streams, p),
                                           reinterpret_cast<gvm::vmm::DevicePtr>(at(scratch, d)),
                                           kMiB, AccessKind::read),
                       Result::success);
+          }
       for (int d = 0; d < devices; ++d)
         a.deallocate(at(scratch, d), gvm::kUnknownSize, d, at(streams, d));
       // "Large batch": the switch, a trim and regrowth, with the reads queued.
