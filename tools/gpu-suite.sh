@@ -30,18 +30,23 @@ SUMMARY=()    # lines of the final summary
 
 note() { printf '\n=== %s\n' "$*"; }
 
-# run_step NAME CMD...: runs CMD with its output in $OUT_DIR/NAME.log (also
-# echoed), records a failure, and returns CMD's status.
+# run_step NAME CMD...: runs CMD with its output in $OUT_DIR/NAME.log, says
+# ok or FAILED (with the log's last lines), records a failure, and returns
+# CMD's status. The logs hold everything; the terminal gets the outline.
 run_step() {
   local name=$1
   shift
   local log="$OUT_DIR/$name.log"
   note "$name: $*"
-  "$@" 2>&1 | tee "$log"
-  local rc=${PIPESTATUS[0]}
+  local start=$SECONDS
+  "$@" >"$log" 2>&1
+  local rc=$?
   if [ "$rc" -ne 0 ]; then
     FAILED+=("$name: exit $rc (log: $log)")
-    note "$name FAILED (exit $rc)"
+    tail -n 30 "$log"
+    echo "--- $name FAILED (exit $rc, $((SECONDS - start)) s, log: $log)"
+  else
+    echo "--- $name ok ($((SECONDS - start)) s)"
   fi
   return "$rc"
 }
@@ -78,6 +83,7 @@ fi
 if [ "$BUILT" = 1 ]; then
   # --- 2. gvm-info ----------------------------------------------------------------
   run_step gvm-info "$BUILD/tools/gvm-info"
+  cat "$OUT_DIR/gvm-info.log"
 
   # --- 3. ctest -------------------------------------------------------------------
   ctest --test-dir "$BUILD" --show-only=json-v1 >"$OUT_DIR/ctest-tests.json" 2>/dev/null
