@@ -1,6 +1,7 @@
 # cmake -DGVM_INFO=<gvm-info> -P check_gvm_info.cmake
 # gvm-info on the real driver: exit 0 with a device list, or exit 1 with the
 # loader's one-line message. Anything else (a crash, an abort, silence) fails.
+cmake_minimum_required(VERSION 3.25)
 execute_process(COMMAND "${GVM_INFO}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 message(STATUS "exit ${rc}\n${out}${err}")
 if(rc EQUAL 0)

@@ -11,6 +11,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace gvm::vmm {
@@ -78,6 +80,19 @@ struct Api {
   GVM_CUDA_ENTRY_POINTS(GVM_CUDA_FIELD)
 #undef GVM_CUDA_FIELD
 };
+
+// The CUDA version to ask cuGetProcAddress for. CUDA_VERSION, so each entry
+// point comes with the ABI of the header we compile against, except where the
+// header's unversioned declaration is older than that version's symbol:
+// CUDA 13.0 registered cuCtxSynchronize_v2(CUcontext) as "cuCtxSynchronize"
+// version 13000 while <cuda.h> still declares cuCtxSynchronize(void), so
+// that one is asked for as of 12.0. (cudaTypedefs.h lists every version: in
+// CUDA 13.0 no other entry point used here has one newer than 12.0.)
+int requested_version(std::string_view name) noexcept {
+  return name == "cuCtxSynchronize" ? 12000 : CUDA_VERSION;
+}
+static_assert(std::is_same_v<decltype(&::cuCtxSynchronize), CUresult (*)()>,
+              "<cuda.h> changed cuCtxSynchronize: revisit requested_version()");
 
 Result to_result(CUresult r) noexcept {
   return static_cast<Result>(static_cast<int>(r));
@@ -606,11 +621,12 @@ std::unique_ptr<Driver> load_cuda_driver_from(const char* library) {
   Api api;
   auto resolve = [&](const char* name, void** slot) {
     CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    CUresult r = get_proc(name, slot, CUDA_VERSION, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status);
+    const int version = requested_version(name);
+    CUresult r = get_proc(name, slot, version, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status);
     if (r != CUDA_SUCCESS || *slot == nullptr || status != CU_GET_PROC_ADDRESS_SUCCESS) {
       dlclose(lib);
       throw DriverUnavailable(std::string("CUDA driver too old: ") + library + " has no " + name +
-                              " for CUDA " + version_string(CUDA_VERSION) + " (" +
+                              " for CUDA " + version_string(version) + " (" +
                               query_status_name(status) + ", CUresult " +
                               std::to_string(static_cast<int>(r)) + ")");
     }

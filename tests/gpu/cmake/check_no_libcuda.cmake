@@ -9,6 +9,7 @@
 #     symbols by default),
 #   - ldd shows any libcuda among the resolved dependencies.
 # Prints GVM_SKIP (CTest: skipped) when readelf is missing.
+cmake_minimum_required(VERSION 3.25)
 if(NOT READELF OR NOT EXISTS "${READELF}")
   message("GVM_SKIP: readelf not found, cannot read the NEEDED entries")
   return()

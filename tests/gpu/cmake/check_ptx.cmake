@@ -7,6 +7,7 @@
 # file for the lowest target it has still rejects anything sm_60 lacks
 # ("Instruction 'nanosleep' requires .target sm_70 or higher").
 # Prints GVM_SKIP (CTest: skipped) when there is no ptxas.
+cmake_minimum_required(VERSION 3.25)
 if(NOT PTXAS OR NOT EXISTS "${PTXAS}")
   message("GVM_SKIP: ptxas not found (no CUDA toolkit bin directory)")
   return()
