@@ -131,7 +131,8 @@ std::size_t DeviceHeap::reserve_cap() const noexcept {
   return cap;
 }
 
-void DeviceHeap::add_region(std::size_t min_bytes, std::size_t alignment) {
+void DeviceHeap::add_region(std::size_t min_bytes, std::size_t alignment,
+                            std::size_t requested) {
   auto rec = std::make_unique<RegionRec>();
   Region& r = rec->region;
   r.vmm = vmm_;
@@ -154,14 +155,14 @@ void DeviceHeap::add_region(std::size_t min_bytes, std::size_t alignment) {
       const auto bound = static_cast<std::size_t>(live_after * (1.0 + config_.reserve_slack));
       if (reserved_ + size > bound) release_cached(reserved_ + size - bound, false);
     }
-    if (cap != 0 && reserved_ + size > cap) throw_oom(min_bytes, "the reserved-bytes cap");
+    if (cap != 0 && reserved_ + size > cap) throw_oom(requested, "the reserved-bytes cap");
     vmm::DevicePtr p = 0;
     vmm::Result res = driver_.mem_alloc(device(), size, &p);
     if (res == vmm::Result::out_of_memory) {
       ++oom_retries_;
       release_cached(0, true);
       res = driver_.mem_alloc(device(), size, &p);
-      if (res == vmm::Result::out_of_memory) throw_oom(min_bytes, "the device");
+      if (res == vmm::Result::out_of_memory) throw_oom(requested, "the device");
     }
     if (res != vmm::Result::success)
       throw vmm::DriverError(res, "cuMemAlloc(device " + std::to_string(device()) + ", " +
@@ -173,7 +174,7 @@ void DeviceHeap::add_region(std::size_t min_bytes, std::size_t alignment) {
       size += alignment;
       res = driver_.mem_alloc(device(), size, &p);
       if (res != vmm::Result::success) {
-        if (res == vmm::Result::out_of_memory) throw_oom(min_bytes, "the device");
+        if (res == vmm::Result::out_of_memory) throw_oom(requested, "the device");
         throw vmm::DriverError(res, "cuMemAlloc(device " + std::to_string(device()) + ")");
       }
     }
@@ -288,7 +289,7 @@ Block* DeviceHeap::allocate_block(std::size_t size, std::size_t alignment,
   note_stream(stream);
   Block* b = take_free(size, alignment);
   if (b == nullptr) {
-    add_region(size, alignment);
+    add_region(size, alignment, requested);
     b = take_free(size, alignment);
     if (b == nullptr) throw_oom(requested, "address space");
   }

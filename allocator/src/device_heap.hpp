@@ -146,7 +146,8 @@ class DeviceHeap {
   Block* take_free(std::size_t size, std::size_t alignment);
   Block* find_fit(std::size_t size, std::size_t alignment);
   Block* split_to(Block* b, std::uintptr_t at, std::size_t size);
-  void add_region(std::size_t min_bytes, std::size_t alignment);
+  // `requested`: the caller's size, for an out-of-memory message.
+  void add_region(std::size_t min_bytes, std::size_t alignment, std::size_t requested);
   Block* allocate_block(std::size_t size, std::size_t alignment, vmm::StreamHandle stream,
                         std::size_t requested);
   void free_block(Block* b, vmm::StreamHandle stream);
@@ -173,7 +174,7 @@ class DeviceHeap {
   void fence_chunks(const std::vector<std::uint32_t>& chunks);
 
   // --- small path ---
-  Span* new_span(StreamCache& cache, int size_class);  // takes lock_
+  Span* new_span(StreamCache& cache, int size_class, std::size_t bytes);  // takes lock_
   void release_span(Span* s);                           // takes lock_
   void release_span_locked(Span* s);
   void reclaim_spans();  // empty spans of every cache back to the large pool

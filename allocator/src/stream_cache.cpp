@@ -58,9 +58,10 @@ StreamCache& DeviceHeap::cache_for(vmm::StreamHandle stream) {
   return *c;
 }
 
-Span* DeviceHeap::new_span(StreamCache& cache, int size_class) {
+Span* DeviceHeap::new_span(StreamCache& cache, int size_class, std::size_t bytes) {
   std::lock_guard<std::mutex> guard(lock_);
-  Block* b = allocate_block(kGranule, kGranule, cache.stream, kGranule);
+  // `bytes` (the caller's request) is what an out-of-memory message names.
+  Block* b = allocate_block(kGranule, kGranule, cache.stream, bytes);
   auto span = std::make_unique<Span>(b->addr, class_size(size_class), size_class, &cache, b);
   Span* s = span.get();
   b->span = s;
@@ -104,7 +105,7 @@ void* DeviceHeap::allocate_small(StreamCache& c, std::size_t bytes) {
       s = c.spare[ci];
       c.spare[ci] = nullptr;
     } else {
-      s = new_span(c, cls);
+      s = new_span(c, cls, bytes);
       grew = true;
     }
     c.current[ci] = s;
