@@ -94,7 +94,6 @@ class Builder {
   void finish() {
     trace_.end_live_bytes = live_bytes_;
     trace_.end_live_blocks = live_.size();
-    trace_.events.shrink_to_fit();
   }
 
  private:
@@ -220,9 +219,9 @@ bool is_gzip(std::string_view bytes) noexcept {
 Trace parse_trace(std::string_view text, std::string source) {
   Trace trace;
   trace.source = std::move(source);
-  // Roughly one event per 14 bytes of text in the shipped trace; reserving
-  // avoids most reallocation of the event vector.
-  trace.events.reserve(text.size() / 14 + 1);
+  // The shipped trace averages 13.5 bytes a line; reserving for 12 makes the
+  // event vector grow once, with at most ~15% to spare.
+  trace.events.reserve(text.size() / 12 + 1);
   Builder builder(trace);
   std::size_t line_no = 0;
   while (!text.empty()) {

@@ -32,6 +32,7 @@ struct TraceEvent {
   std::uint16_t stream;  // index into Trace::stream_ids
   TraceOp op;
 };
+static_assert(sizeof(TraceEvent) == 16);
 
 struct Trace {
   std::string source;  // file name (or the name given to parse_trace)
