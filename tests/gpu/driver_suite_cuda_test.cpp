@@ -1,18 +1,9 @@
 // The shared driver suite (tests/common/driver_suite.hpp) over the real
 // driver. Without a driver every case skips with the loader's message.
-#include <ostream>
-
 #include "common/driver_suite.hpp"
 #include "gvm/vmm/cuda_driver.hpp"
 
 namespace gvm::test {
-
-// Names the factory in test names and messages instead of dumping its bytes
-// (found by ADL, so it lives in DriverFactory's namespace).
-void PrintTo(const DriverFactory& f, std::ostream* os) {
-  *os << f.name;
-}
-
 namespace {
 
 INSTANTIATE_TEST_SUITE_P(Cuda, DriverSuite,
