@@ -367,13 +367,22 @@ void DeviceHeap::free_block(Block* b, vmm::StreamHandle stream) {
 
 void* DeviceHeap::allocate_large(std::size_t bytes, vmm::StreamHandle stream) {
   const std::size_t size = round_up(bytes, kBlockAlignment);
-  std::lock_guard<std::mutex> guard(lock_);
-  Block* b = allocate_block(size, kBlockAlignment, stream, bytes);
-  link_start(b);
-  large_live_ += size;
-  ++large_allocations_;
-  add_live(static_cast<std::int64_t>(size));
-  return reinterpret_cast<void*>(b->addr);
+  for (int attempt = 0;; ++attempt) {
+    try {
+      std::lock_guard<std::mutex> guard(lock_);
+      Block* b = allocate_block(size, kBlockAlignment, stream, bytes);
+      link_start(b);
+      large_live_ += size;
+      ++large_allocations_;
+      add_live(static_cast<std::int64_t>(size));
+      return reinterpret_cast<void*>(b->addr);
+    } catch (const out_of_memory&) {
+      // Empty spans kept by the stream caches are cached memory too, but the
+      // OOM path runs under the device lock and cannot take the caches'
+      // locks: give them back here, with no lock held, and try once more.
+      if (attempt > 0 || reclaim_spans() == 0) throw;
+    }
+  }
 }
 
 bool DeviceHeap::owns(std::uintptr_t addr) const noexcept {

@@ -177,7 +177,9 @@ class DeviceHeap {
   Span* new_span(StreamCache& cache, int size_class, std::size_t bytes);  // takes lock_
   void release_span(Span* s);                           // takes lock_
   void release_span_locked(Span* s);
-  void reclaim_spans();  // empty spans of every cache back to the large pool
+  // Empty spans of every cache back to the large pool; how many. Takes the
+  // caches' locks and lock_: call with neither held.
+  std::size_t reclaim_spans();
   void free_small(Span* s, std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream);
 
   void add_live(std::int64_t delta) noexcept;

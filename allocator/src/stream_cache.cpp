@@ -92,30 +92,38 @@ void* DeviceHeap::allocate_small(StreamCache& c, std::size_t bytes) {
   const int cls = size_class_of(bytes);
   const auto ci = static_cast<std::size_t>(cls);
   const std::size_t slot = class_size(cls);
-  std::lock_guard<SpinLock> guard(c.lock);
-  Span* s = c.current[ci];
-  bool grew = false;
-  if (s == nullptr || s->full()) [[unlikely]] {
-    // The current span is full (it is on no list: a free will put it back on
-    // the partial list). Take a partial span, the spare, or a new one.
-    s = c.partial[ci];
-    if (s != nullptr) {
-      partial_remove(c, s);
-    } else if (c.spare[ci] != nullptr) {
-      s = c.spare[ci];
-      c.spare[ci] = nullptr;
-    } else {
-      s = new_span(c, cls, bytes);
-      grew = true;
+  for (int attempt = 0;; ++attempt) {
+    try {
+      std::lock_guard<SpinLock> guard(c.lock);
+      Span* s = c.current[ci];
+      bool grew = false;
+      if (s == nullptr || s->full()) [[unlikely]] {
+        // The current span is full (it is on no list: a free will put it back
+        // on the partial list). Take a partial span, the spare, or a new one.
+        s = c.partial[ci];
+        if (s != nullptr) {
+          partial_remove(c, s);
+        } else if (c.spare[ci] != nullptr) {
+          s = c.spare[ci];
+          c.spare[ci] = nullptr;
+        } else {
+          s = new_span(c, cls, bytes);
+          grew = true;
+        }
+        c.current[ci] = s;
+      }
+      const std::uintptr_t p = s->pop();
+      ++c.allocations;
+      if (!grew) ++c.hits;
+      c.live_bytes += static_cast<std::int64_t>(slot);
+      add_live(static_cast<std::int64_t>(slot));
+      return reinterpret_cast<void*>(p);
+    } catch (const out_of_memory&) {
+      // No room for a new span: empty spans of every cache (this one's too)
+      // go back to the large pool, outside this cache's lock, then one retry.
+      if (attempt > 0 || reclaim_spans() == 0) throw;
     }
-    c.current[ci] = s;
   }
-  const std::uintptr_t p = s->pop();
-  ++c.allocations;
-  if (!grew) ++c.hits;
-  c.live_bytes += static_cast<std::int64_t>(slot);
-  add_live(static_cast<std::int64_t>(slot));
-  return reinterpret_cast<void*>(p);
 }
 
 void DeviceHeap::free_small(Span* s, std::uintptr_t addr, std::size_t bytes,
@@ -167,7 +175,8 @@ void DeviceHeap::free_small(Span* s, std::uintptr_t addr, std::size_t bytes,
   }
 }
 
-void DeviceHeap::reclaim_spans() {
+std::size_t DeviceHeap::reclaim_spans() {
+  std::size_t released = 0;
   std::vector<StreamCache*> caches;
   {
     std::lock_guard<std::mutex> guard(caches_lock_);
@@ -180,21 +189,25 @@ void DeviceHeap::reclaim_spans() {
       if (Span* s = c->spare[ci]; s != nullptr) {
         c->spare[ci] = nullptr;
         release_span_locked(s);
+        ++released;
       }
       if (Span* s = c->current[ci]; s != nullptr && s->unused()) {
         c->current[ci] = nullptr;
         release_span_locked(s);
+        ++released;
       }
       for (Span* s = c->partial[ci]; s != nullptr;) {
         Span* next = s->partial_next;
         if (s->unused()) {
           partial_remove(*c, s);
           release_span_locked(s);
+          ++released;
         }
         s = next;
       }
     }
   }
+  return released;
 }
 
 }  // namespace gvm::detail
