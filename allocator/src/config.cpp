@@ -198,9 +198,9 @@ constexpr std::array<Key, 13> kKeys{{
      [](Config& c, std::string_view k, std::string_view v) { c.fence_enabled = parse_bool(k, v); }},
     {"scratch_fence",
      [](Config& c, std::string_view k, std::string_view v) {
-       if (v == "devices") {
+       if (iequals(v, "devices")) {
          c.scratch_fence_tracked = false;
-       } else if (v == "tracked") {
+       } else if (iequals(v, "tracked")) {
          c.scratch_fence_tracked = true;
        } else {
          bad_value(k, v, "expected devices or tracked");

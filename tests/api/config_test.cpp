@@ -21,7 +21,8 @@ bool same(const Config& a, const Config& b) {
          a.release_threshold_bytes == b.release_threshold_bytes &&
          a.small_block_max_bytes == b.small_block_max_bytes && a.force_no_vmm == b.force_no_vmm &&
          a.peer_policy == b.peer_policy && a.scratch_chunk_bytes == b.scratch_chunk_bytes &&
-         a.scratch_arena_bytes == b.scratch_arena_bytes && a.fence_enabled == b.fence_enabled;
+         a.scratch_arena_bytes == b.scratch_arena_bytes && a.fence_enabled == b.fence_enabled &&
+         a.scratch_fence_tracked == b.scratch_fence_tracked;
 }
 
 // The config_error message of parse_config(text), or "" when it did not throw.
@@ -45,10 +46,10 @@ TEST(Config, EmptyTextGivesTheBase) {
 
 TEST(Config, EveryKeySetsItsField) {
   const Config c = parse_config(
-      "arena_size:1TiB,max_chunk_size:512MiB,reserve_slack:0.25,max_reserved:80GiB,memory_fraction:"
-      "0.75,"
-      "release_threshold:3GiB,small_max:2MiB,no_vmm:true,peer_policy:global,"
-      "scratch_chunk_size:128MiB,scratch_arena_size:16GiB,fence:false");
+      "arena_size:1TiB,max_chunk_size:512MiB,reserve_slack:0.25,max_reserved:80GiB,"
+      "memory_fraction:0.75,release_threshold:3GiB,small_max:2MiB,no_vmm:true,"
+      "peer_policy:global,scratch_chunk_size:128MiB,scratch_arena_size:16GiB,fence:false,"
+      "scratch_fence:tracked");
   EXPECT_EQ(c.arena_bytes, std::size_t{1} << 40);
   EXPECT_EQ(c.max_chunk_bytes, 512 * kMiB);
   EXPECT_EQ(c.reserve_slack, 0.25);
@@ -61,6 +62,7 @@ TEST(Config, EveryKeySetsItsField) {
   EXPECT_EQ(c.scratch_chunk_bytes, 128 * kMiB);
   EXPECT_EQ(c.scratch_arena_bytes, std::size_t{16} << 30);
   EXPECT_FALSE(c.fence_enabled);
+  EXPECT_TRUE(c.scratch_fence_tracked);
 }
 
 TEST(Config, EveryUnitIsAPowerOf1024AnyCase) {
@@ -133,6 +135,8 @@ TEST(Config, SpecialValues) {
   EXPECT_EQ(parse_config("peer_policy:auto").peer_policy, PeerPolicy::automatic);
   EXPECT_EQ(parse_config("peer_policy:per_allocation").peer_policy, PeerPolicy::per_allocation);
   EXPECT_EQ(parse_config("peer_policy:none").peer_policy, PeerPolicy::none);
+  EXPECT_TRUE(parse_config("scratch_fence:Tracked").scratch_fence_tracked);
+  EXPECT_FALSE(parse_config("scratch_fence:tracked,scratch_fence:devices").scratch_fence_tracked);
   EXPECT_EQ(parse_config("small_max:512").small_block_max_bytes, 512u);
   EXPECT_EQ(parse_config("small_max:64MiB").small_block_max_bytes, 64 * kMiB);
   EXPECT_EQ(parse_config("max_chunk_size:2MiB").max_chunk_bytes, 2 * kMiB);
@@ -184,6 +188,8 @@ TEST(Config, EveryErrorNamesItsKeyAndValue) {
       {"scratch_arena_size", "-8GiB"},
       {"scratch_arena_size", "8 GiBs"},
       {"fence", "off"},
+      {"scratch_fence", "always"},
+      {"scratch_fence", "true"},
   };
   for (const Case& c : cases) {
     const std::string text = std::string(c.key) + ":" + c.value;
@@ -207,9 +213,10 @@ TEST(Config, ExampleMessagesReadWell) {
   const std::string unknown = error_of("chunk:2MiB");
   EXPECT_EQ(unknown.rfind("GVM_CONF: unknown key \"chunk\" (known keys: arena_size, ", 0), 0u)
       << unknown;
-  for (const char* key : {"arena_size", "max_chunk_size", "reserve_slack", "max_reserved",
-                          "memory_fraction", "release_threshold", "small_max", "no_vmm",
-                          "peer_policy", "scratch_chunk_size", "scratch_arena_size", "fence"}) {
+  for (const char* key :
+       {"arena_size", "max_chunk_size", "reserve_slack", "max_reserved", "memory_fraction",
+        "release_threshold", "small_max", "no_vmm", "peer_policy", "scratch_chunk_size",
+        "scratch_arena_size", "fence", "scratch_fence"}) {
     EXPECT_NE(unknown.find(key), std::string::npos) << key;
   }
   EXPECT_NE(error_of("arena_size:1.5G").find("1536MiB"), std::string::npos);
@@ -236,6 +243,7 @@ TEST(Config, ToStringRoundTrips) {
   odd.scratch_chunk_bytes = 2 * kMiB;
   odd.scratch_arena_bytes = std::size_t{5} << 40;
   odd.fence_enabled = false;
+  odd.scratch_fence_tracked = true;
   Config other;
   other.memory_fraction = 2.0 / 3.0;
   other.peer_policy = PeerPolicy::per_allocation;
