@@ -311,9 +311,9 @@ Block* DeviceHeap::allocate_block(std::size_t size, std::size_t alignment,
   try {
     commit(b);
   } catch (...) {
-    b->free = true;
-    b->tags.clear();
-    free_block(b, nullptr);
+    // Never handed out, but `stream` already waited for every earlier user:
+    // the next taker waits for `stream` (free_block tags it).
+    free_block(b, stream);
     throw;
   }
   tag_chunks(b, stream);
@@ -339,8 +339,11 @@ void DeviceHeap::uncommit(Block* b) {
 }
 
 void DeviceHeap::free_block(Block* b, vmm::StreamHandle stream) {
-  // b is not in free_. Tag it with what may still run on it, then merge.
-  if (stream != nullptr || b->stream != nullptr) {
+  // b is not in free_. An allocated block is tagged with the streams that
+  // may still run on it - the legacy stream (nullptr) is one like any other:
+  // streams from cuStreamCreate do not wait for it. A block handed back
+  // untouched (b->free already set) keeps the tags it had. Then merge.
+  if (!b->free) {
     b->tags.add(b->stream);
     if (stream != b->stream) b->tags.add(stream);
   }
