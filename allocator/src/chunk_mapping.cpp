@@ -245,8 +245,14 @@ void DeviceHeap::maybe_release_above_threshold() {
   if (kind_ == Kind::scratch || config_.release_threshold_bytes == SIZE_MAX) return;
   const auto live = static_cast<std::size_t>(std::max<std::int64_t>(0, live_.load()));
   const std::size_t cached = reserved_ > live ? reserved_ - live : 0;
-  if (cached > config_.release_threshold_bytes)
+  if (cached <= config_.release_threshold_bytes) return;
+  try {
     release_cached(cached - config_.release_threshold_bytes, false);
+  } catch (const vmm::DriverError&) {
+    // Called from deallocate, which reports bad input only: the block is
+    // already free. A chunk that could not go back stays mapped and counted;
+    // the next release or trim tries again.
+  }
 }
 
 void DeviceHeap::trim() {

@@ -224,14 +224,29 @@ void DeviceHeap::note_stream(vmm::StreamHandle stream) {
 
 void DeviceHeap::order_after(const StreamTags& tags, vmm::StreamHandle stream) {
   if (tags.only(stream)) return;
-  if (order_event_.empty()) order_event_ = vmm::Event(driver_, device());
+  bool device_synced = false;
   auto wait_for = [&](vmm::StreamHandle s) {
-    if (s == stream) return;
+    if (s == stream || device_synced) return;
     // Recording on S and waiting on T orders T's next work after everything
     // S had queued, which includes every use of the block: no host sync. The
     // event may be re-recorded at once: a wait captures its state when issued.
-    vmm::Result r = order_event_.record(s);
+    vmm::Result r = vmm::Result::success;
+    if (order_event_.empty()) {
+      try {
+        order_event_ = vmm::Event(driver_, device());
+      } catch (const vmm::DriverError& e) {
+        r = e.result();
+      }
+    }
+    if (r == vmm::Result::success) r = order_event_.record(s);
     if (r == vmm::Result::success) r = order_event_.wait_on(stream);
+    if (r != vmm::Result::success) {
+      // S is gone (a stream its owner destroyed is an invalid handle, and
+      // its work may still be queued) or the event failed: wait for the
+      // whole device on the host instead, as the fence does. Rare and slow.
+      r = driver_.ctx_synchronize(device());
+      device_synced = r == vmm::Result::success;
+    }
     if (r != vmm::Result::success)
       throw vmm::DriverError(r, "stream-order wait on device " + std::to_string(device()));
     ++cross_stream_waits_;

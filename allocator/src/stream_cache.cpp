@@ -154,7 +154,12 @@ void DeviceHeap::free_small(Span* s, std::uintptr_t addr, std::size_t bytes,
     if (stream != c.stream) others.add(stream);
     if (!others.empty()) {
       std::lock_guard<std::mutex> device_guard(lock_);
-      order_after(others, c.stream);
+      try {
+        order_after(others, c.stream);
+      } catch (const vmm::DriverError&) {
+        // Not even a device sync worked: the context is dead and nothing
+        // queued will run again. deallocate reports bad input only.
+      }
     }
   }
   s->push(idx);
