@@ -294,6 +294,82 @@ gvm_status gvm_record_stream(void* ptr, void* stream) {
   }
 }
 
+void* gvm_scratch_malloc(size_t size, int device, void* stream) {
+  constexpr const char* fn = "gvm_scratch_malloc";
+  Instance* inst = gvm::running(fn);
+  if (inst == nullptr) return nullptr;
+  if (size == 0) {
+    gvm::fail(GVM_ERROR_INVALID_ARGUMENT, fn, "size is 0");
+    return nullptr;
+  }
+  if (!gvm::device_ok(*inst, device, fn)) return nullptr;
+  try {
+    return inst->allocator->scratch_allocate(size, device, stream);
+  } catch (...) {
+    gvm::fail_current(fn);
+    return nullptr;
+  }
+}
+
+gvm_status gvm_record_stream_on(void* ptr, void* stream, int stream_device) {
+  constexpr const char* fn = "gvm_record_stream_on";
+  Instance* inst = gvm::running(fn);
+  if (inst == nullptr) return GVM_ERROR_NOT_INITIALIZED;
+  if (ptr == nullptr) return gvm::fail(GVM_ERROR_INVALID_ARGUMENT, fn, "ptr is NULL");
+  if (!gvm::device_ok(*inst, stream_device, fn)) return GVM_ERROR_INVALID_ARGUMENT;
+  try {
+    inst->allocator->record_stream(ptr, stream, stream_device);
+    return GVM_OK;
+  } catch (...) {
+    return gvm::fail_current(fn);
+  }
+}
+
+gvm_status gvm_set_peer_policy(const char* policy) {
+  constexpr const char* fn = "gvm_set_peer_policy";
+  Instance* inst = gvm::running(fn);
+  if (inst == nullptr) return GVM_ERROR_NOT_INITIALIZED;
+  if (policy == nullptr) return gvm::fail(GVM_ERROR_INVALID_ARGUMENT, fn, "policy is NULL");
+  try {
+    // The same words as GVM_CONF's peer_policy key.
+    const gvm::Config c = gvm::parse_config(std::string("peer_policy:") + policy);
+    inst->allocator->set_peer_policy(c.peer_policy);
+    return GVM_OK;
+  } catch (...) {
+    return gvm::fail_current(fn);
+  }
+}
+
+const char* gvm_peer_policy(int owner, int peer) {
+  constexpr const char* fn = "gvm_peer_policy";
+  Instance* inst = gvm::running(fn);
+  if (inst == nullptr) return nullptr;
+  if (!gvm::device_ok(*inst, owner, fn) || !gvm::device_ok(*inst, peer, fn)) return nullptr;
+  try {
+    return gvm::to_string(inst->allocator->peer_policy(owner, peer));
+  } catch (...) {
+    gvm::fail_current(fn);
+    return nullptr;
+  }
+}
+
+gvm_status gvm_peer_copy(void* dst, int dst_device, const void* src, int src_device, size_t size,
+                         void* stream) {
+  constexpr const char* fn = "gvm_peer_copy";
+  Instance* inst = gvm::running(fn);
+  if (inst == nullptr) return GVM_ERROR_NOT_INITIALIZED;
+  if (dst == nullptr || src == nullptr)
+    return gvm::fail(GVM_ERROR_INVALID_ARGUMENT, fn, "dst or src is NULL");
+  if (!gvm::device_ok(*inst, dst_device, fn) || !gvm::device_ok(*inst, src_device, fn))
+    return GVM_ERROR_INVALID_ARGUMENT;
+  try {
+    inst->allocator->peer_copy(dst, dst_device, src, src_device, size, stream);
+    return GVM_OK;
+  } catch (...) {
+    return gvm::fail_current(fn);
+  }
+}
+
 gvm_status gvm_trim(int device) {
   constexpr const char* fn = "gvm_trim";
   Instance* inst = gvm::running(fn);

@@ -83,6 +83,25 @@ GVM_API gvm_status gvm_free(void* ptr, size_t size, int device, void* stream);
 /* The block `ptr` is also used on `stream`: its free waits for that work. */
 GVM_API gvm_status gvm_record_stream(void* ptr, void* stream);
 
+/* ---- peer scratch (docs/peer-access.md) ----------------------------------
+ * A block in `device`'s scratch buffer, which the peers admitted by the peer
+ * policy may read and write; ordinary blocks stay private to their device.
+ * Free it with gvm_free. NULL on failure (see gvm_last_error). */
+GVM_API void* gvm_scratch_malloc(size_t size, int device, void* stream);
+/* record_stream for a stream of any device (`stream_device`): a peer's stream
+ * is waited for by the fence before the block's memory changes access. */
+GVM_API gvm_status gvm_record_stream_on(void* ptr, void* stream, int stream_device);
+/* "auto", "per_allocation", "global" or "none", for every device pair, at a
+ * phase boundary: fences first, then grants, revokes or toggles. */
+GVM_API gvm_status gvm_set_peer_policy(const char* policy);
+/* The policy under which `peer` reaches `owner`'s scratch; NULL on bad input. */
+GVM_API const char* gvm_peer_policy(int owner, int peer);
+/* Copies `size` bytes, ordered on `stream` (a stream of dst_device): direct
+ * when src is in src_device's scratch and the policy admits dst_device,
+ * staged by the driver otherwise. */
+GVM_API gvm_status gvm_peer_copy(void* dst, int dst_device, const void* src, int src_device,
+                                 size_t size, void* stream);
+
 /* Returns the cached (free but mapped) memory of `device` to the driver;
  * -1: of every device. Live blocks are untouched. */
 GVM_API gvm_status gvm_trim(int device);
