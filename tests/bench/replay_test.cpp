@@ -323,7 +323,7 @@ TEST(ReplayTool, AutoSaysWhichDriver) {
 }
 
 struct BadRun {
-  const char* args;
+  std::string args;
   const char* message;  // must appear on stderr
 };
 
@@ -342,7 +342,7 @@ TEST(ReplayTool, BadInputExitsOneWithAMessage) {
       {"--driver sim --profile z80", "--profile: "},
       {"--driver sim --conf nonsense_key:1", "--conf: "},
       {"--driver sim /nonexistent/x.trace", "cannot open: No such file or directory"},
-      {("--driver sim " + bad).c_str(), "bad trace: "},
+      {"--driver sim " + bad, "bad trace: "},
   };
   for (const BadRun& c : cases) {
     SCOPED_TRACE(c.args);
