@@ -169,6 +169,7 @@ DriverChoice choose_driver(const Args& a) {
         throw ArgError("--devices " + std::to_string(*a.devices) + ": the CUDA driver shows " +
                        std::to_string(count));
       }
+      if (a.profile) std::cerr << "gvm-replay: --profile ignored: the CUDA driver loaded\n";
       c.description = "cuda";
       return c;
     }
