@@ -55,17 +55,21 @@ void Allocator::deallocate(void* ptr, std::size_t bytes, int device, vmm::Stream
   Impl& im = *impl_;
   im.check_device(device, "deallocate");
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  detail::DeviceHeap* h = im.heap_holding(device, addr);
-  if (h == nullptr) {
-    const int owner = im.owner_of(addr);
-    if (owner >= 0)
-      throw usage_error("gvmalloc: deallocate(" + hex(ptr) + ") names device " +
-                        std::to_string(device) + ", but the block belongs to device " +
-                        std::to_string(owner));
+  // The fast path asks the heaps directly (a page-map lookup, no lock for a
+  // small block); the ownership search below only runs to word an error.
+  if (auto* h = im.existing_heap(device); h != nullptr && h->deallocate(addr, bytes, stream)) return;
+  if (auto* h = im.existing_scratch(device); h != nullptr && h->deallocate(addr, bytes, stream))
+    return;
+  const int owner = im.owner_of(addr);
+  if (owner >= 0 && owner != device)
+    throw usage_error("gvmalloc: deallocate(" + hex(ptr) + ") names device " +
+                      std::to_string(device) + ", but the block belongs to device " +
+                      std::to_string(owner));
+  if (owner == device)
     throw usage_error("gvmalloc: deallocate(" + hex(ptr) + ") on device " + std::to_string(device) +
-                      ": not a pointer gvmalloc gave out");
-  }
-  h->deallocate(addr, bytes, stream);
+                      ": not a live block (already freed, or an interior pointer)");
+  throw usage_error("gvmalloc: deallocate(" + hex(ptr) + ") on device " + std::to_string(device) +
+                    ": not a pointer gvmalloc gave out");
 }
 
 void Allocator::record_stream(void* ptr, vmm::StreamHandle stream) {

@@ -410,21 +410,17 @@ bool DeviceHeap::owns(std::uintptr_t addr) const noexcept {
   return false;
 }
 
-void DeviceHeap::deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream) {
+bool DeviceHeap::deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream) {
   if (const PageEntry* e = pages_.find(addr); e != nullptr) {
     if (Span* s = e->span.load(std::memory_order_acquire); s != nullptr && s->contains(addr)) {
       free_small(s, addr, bytes, stream);
-      return;
+      return true;
     }
   }
   {
     std::lock_guard<std::mutex> guard(lock_);
     Block* b = find_start(addr);
-    if (b == nullptr)
-      throw usage_error("gvmalloc: deallocate(" + hex(addr) + ") on device " +
-                        std::to_string(device()) +
-                        ": not a live block (never allocated here, already freed, or an interior "
-                        "pointer)");
+    if (b == nullptr) return false;  // the caller names what it is
     if (bytes != kUnknownSize && bytes != b->requested)
       throw usage_error("gvmalloc: deallocate(" + hex(addr) + ", " + std::to_string(bytes) +
                         " bytes) on device " + std::to_string(device()) +
@@ -439,6 +435,7 @@ void DeviceHeap::deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamH
     free_block(b, stream);
     maybe_release_above_threshold();
   }
+  return true;
 }
 
 void DeviceHeap::record_stream(std::uintptr_t addr, vmm::StreamHandle stream) {

@@ -94,12 +94,14 @@ class DeviceHeap {
 
   void* allocate_small(StreamCache& cache, std::size_t bytes);
   void* allocate_large(std::size_t bytes, vmm::StreamHandle stream);
-  // True if this heap owns addr (a live block or not); used to name the
-  // right device in errors.
+  // True if addr lies in one of this heap's regions (a live block or not);
+  // takes the device lock: for error messages and record_stream.
   bool owns(std::uintptr_t addr) const noexcept;
-  // Throws usage_error (nothing changed) for a pointer that is not the start
-  // of a live block of this heap, or a size that does not match.
-  void deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream);
+  // Frees the live block starting at addr and returns true; returns false,
+  // changing nothing, when no live block of this heap starts there. Throws
+  // usage_error (nothing changed) for a double free of a small block or a
+  // size that does not match.
+  bool deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream);
   void record_stream(std::uintptr_t addr, vmm::StreamHandle stream);
 
   // Returns every cached chunk (and empty span) to the driver, fenced.
