@@ -27,6 +27,7 @@ void DeviceHeap::map_run(std::uintptr_t addr, std::size_t size, std::vector<std:
     c.size = piece;
     c.in_use = true;
     c.streams.clear();
+    c.live = 1;  // made for the block being committed (ensure_mapped)
     for (std::uintptr_t g = addr; g < addr + piece; g += kGranule) pages_.at(g).chunk = idx + 1;
     reserved_ += piece;
     peak_reserved_ = std::max(peak_reserved_, reserved_);
@@ -41,12 +42,16 @@ void DeviceHeap::ensure_mapped(Block* b) {
   // The runs of unmapped granules under the block.
   auto unmapped_runs = [&] {
     std::vector<std::pair<std::uintptr_t, std::size_t>> runs;
-    for (std::uintptr_t g = b->addr & ~(kGranule - 1); g < b->end(); g += kGranule) {
-      if (pages_.at(g).chunk != 0) continue;
+    for (std::uintptr_t g = b->addr & ~(kGranule - 1); g < b->end();) {
+      if (const std::uint32_t c = pages_.at(g).chunk; c != 0) {
+        g = chunks_[c - 1].addr + chunks_[c - 1].size;  // hop over the chunk
+        continue;
+      }
       if (!runs.empty() && runs.back().first + runs.back().second == g)
         runs.back().second += kGranule;
       else
         runs.emplace_back(g, kGranule);
+      g += kGranule;
     }
     return runs;
   };
@@ -113,20 +118,7 @@ std::size_t DeviceHeap::cached_chunk_bytes() const {
   return n;
 }
 
-bool DeviceHeap::chunk_is_free(std::uint32_t idx) const {
-  const ChunkRec& c = chunks_[idx];
-  if (!vmm_) {
-    // A classic segment is free when one free block spans it.
-    for (const auto& r : regions_)
-      if (r->classic_chunk == idx + 1) return r->region.first->free && r->region.first->next == nullptr;
-    return false;
-  }
-  for (std::uintptr_t g = c.addr; g < c.addr + c.size; g += kGranule) {
-    const PageEntry* e = pages_.find(g);
-    if (e != nullptr && e->live != 0) return false;
-  }
-  return true;
-}
+bool DeviceHeap::chunk_is_free(std::uint32_t idx) const { return chunks_[idx].live == 0; }
 
 void DeviceHeap::fence_chunks(const std::vector<std::uint32_t>& chunks) {
   // The fence: every stream that may have touched these chunks.

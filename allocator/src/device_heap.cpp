@@ -192,6 +192,7 @@ void DeviceHeap::add_region(std::size_t min_bytes, std::size_t alignment,
     c.size = size;
     c.in_use = true;
     c.streams.clear();
+    c.live = 0;
     rec->classic_chunk = idx + 1;
     r.base = p;
     r.size = size;
@@ -286,17 +287,7 @@ Block* DeviceHeap::find_start(std::uintptr_t addr) const {
 }
 
 void DeviceHeap::tag_chunks(const Block* b, vmm::StreamHandle stream) {
-  if (!vmm_) {
-    const auto& rec = regions_[b->region->index];
-    chunks_[rec->classic_chunk - 1].streams.add(stream);
-    return;
-  }
-  std::uint32_t last = 0;
-  for (std::uintptr_t g = b->addr & ~(kGranule - 1); g < b->end(); g += kGranule) {
-    const std::uint32_t c = pages_.at(g).chunk;
-    if (c != 0 && c != last) chunks_[c - 1].streams.add(stream);
-    last = c;
-  }
+  for_each_chunk(b, [&](std::uint32_t c) { chunks_[c].streams.add(stream); });
 }
 
 Block* DeviceHeap::allocate_block(std::size_t size, std::size_t alignment,
@@ -336,7 +327,9 @@ Block* DeviceHeap::allocate_block(std::size_t size, std::size_t alignment,
 }
 
 void DeviceHeap::commit(Block* b) {
-  for (std::uintptr_t g = b->addr & ~(kGranule - 1); g < b->end(); g += kGranule) ++pages_.at(g).live;
+  // Count the block on the chunks already under it (so nothing below can
+  // release them), then map what is missing: those chunks start at one.
+  for_each_chunk(b, [&](std::uint32_t c) { ++chunks_[c].live; });
   if (!vmm_) {
     ++large_hits_;
     return;
@@ -350,7 +343,7 @@ void DeviceHeap::commit(Block* b) {
 }
 
 void DeviceHeap::uncommit(Block* b) {
-  for (std::uintptr_t g = b->addr & ~(kGranule - 1); g < b->end(); g += kGranule) --pages_.at(g).live;
+  for_each_chunk(b, [&](std::uint32_t c) { --chunks_[c].live; });
 }
 
 void DeviceHeap::free_block(Block* b, vmm::StreamHandle stream) {

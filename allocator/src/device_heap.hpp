@@ -138,6 +138,7 @@ class DeviceHeap {
     std::size_t size = 0;
     StreamTags streams;  // streams of this device that may have touched it
     std::vector<StreamRef> peer_streams;  // scratch: (device, stream) users
+    std::uint32_t live = 0;  // allocated blocks (and spans) overlapping it
     bool in_use = false;
   };
   struct RegionRec {
@@ -181,6 +182,9 @@ class DeviceHeap {
   void unlink_start(Block* b);
   Block* find_start(std::uintptr_t addr) const;
   void tag_chunks(const Block* b, vmm::StreamHandle stream);
+  // f(chunk index) for each chunk under b (classic: its segment).
+  template <typename F>
+  void for_each_chunk(const Block* b, F&& f) const;
   void fence_chunks(const std::vector<std::uint32_t>& chunks);
 
   // --- small path ---
@@ -232,5 +236,25 @@ class DeviceHeap {
   std::uint64_t cross_stream_waits_ = 0;
   std::uint64_t fences_ = 0;
 };
+
+template <typename F>
+inline void DeviceHeap::for_each_chunk(const Block* b, F&& f) const {
+  if (!vmm_) {
+    f(regions_[b->region->index]->classic_chunk - 1);
+    return;
+  }
+  // Hop from chunk to chunk: a 1 GiB block over 128 MiB chunks is 8 steps,
+  // not 512 granules.
+  for (std::uintptr_t g = b->addr & ~(kGranule - 1); g < b->end();) {
+    const PageEntry* e = pages_.find(g);
+    const std::uint32_t c = e == nullptr ? 0 : e->chunk;
+    if (c == 0) {
+      g += kGranule;
+      continue;
+    }
+    f(c - 1);
+    g = chunks_[c - 1].addr + chunks_[c - 1].size;
+  }
+}
 
 }  // namespace gvm::detail

@@ -67,7 +67,7 @@ bool DeviceHeap::check_invariants(std::string* why) const {
   // Blocks tile each region; no two free neighbours; the free set is exact.
   std::size_t free_blocks = 0;
   std::size_t large_live = 0;
-  std::unordered_map<std::uintptr_t, std::uint32_t> expected_live;  // granule -> count
+  std::unordered_map<std::uint32_t, std::uint32_t> expected_live;  // chunk -> blocks over it
   for (const auto& rec : regions_) {
     const Region& r = rec->region;
     std::uintptr_t at = r.base;
@@ -84,7 +84,7 @@ bool DeviceHeap::check_invariants(std::string* why) const {
         if (free_.find(const_cast<Block*>(b)) == free_.end()) return fail("free block not in the free set");
         continue;
       }
-      for (std::uintptr_t g = b->addr & ~(kGranule - 1); g < b->end(); g += kGranule) ++expected_live[g];
+      for_each_chunk(b, [&](std::uint32_t c) { ++expected_live[c]; });
       if (b->span == nullptr) {
         large_live += b->size;
         if (find_start(b->addr) != b) return fail("live block not found by its address");
@@ -104,25 +104,23 @@ bool DeviceHeap::check_invariants(std::string* why) const {
   if (free_blocks != free_.size()) return fail("free set holds blocks that are not free");
   if (large_live != large_live_) return fail("large live bytes disagree with the blocks");
 
-  // Per-granule live counts, and chunks.
+  // Chunks: the page map names them, and their live counts match the blocks.
   std::size_t reserved = 0;
   for (std::uint32_t i = 0; i < chunks_.size(); ++i) {
     const ChunkRec& c = chunks_[i];
     if (!c.in_use) continue;
     reserved += c.size;
+    auto it = expected_live.find(i);
+    if (c.live != (it == expected_live.end() ? 0 : it->second))
+      return fail("chunk live count is wrong");
     if (!vmm_) continue;
     for (std::uintptr_t g = c.addr; g < c.addr + c.size; g += kGranule) {
       const PageEntry* e = pages_.find(g);
       if (e == nullptr || e->chunk != i + 1) return fail("chunk granule not marked in the page map");
-      auto it = expected_live.find(g);
-      const std::uint32_t want = it == expected_live.end() ? 0 : it->second;
-      if (e->live != want) return fail("granule live count is wrong");
     }
   }
-  for (const auto& [g, n] : expected_live) {
-    const PageEntry* e = pages_.find(g);
-    if (e == nullptr || e->live != n) return fail("granule live count is wrong");
-  }
+  for (const auto& [c, n] : expected_live)
+    if (c >= chunks_.size() || !chunks_[c].in_use) return fail("a live block over a chunk that is gone");
   if (reserved != reserved_) return fail("reserved bytes disagree with the chunks");
 
   // Spans and caches.

@@ -32,9 +32,6 @@ struct PageEntry {
   // Allocated large blocks that start in this granule (chained by
   // Block::page_next); under the device lock.
   Block* starts = nullptr;
-  // Allocated blocks (large blocks and spans) overlapping this granule; a
-  // chunk whose granules all count zero holds nothing live. Device lock.
-  std::uint32_t live = 0;
   // 1 + index of the chunk mapped here; 0 when unmapped. Device lock.
   std::uint32_t chunk = 0;
 };
