@@ -110,8 +110,9 @@ std::string error_name(const Api& api, CUresult r) {
 // thread_local record of the last context we set: the host program (the CUDA
 // runtime's cudaSetDevice, PyTorch's device guards) changes the current
 // context behind our back, and a stale record would send a call to the wrong
-// device. cuCtxGetCurrent reads the driver's own thread-local state, so the
-// common case (the caller already on the right device) is one cheap call.
+// device. cuCtxGetCurrent reads the driver's own per-thread state, so the
+// common case (the caller already on the right device) costs one call with
+// no switch; its cost has not been measured on the lent GPUs yet.
 class ScopedContext {
  public:
   ScopedContext(const Api& api, CUcontext want) noexcept : api_(api) {
