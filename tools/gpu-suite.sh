@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # tools/gpu-suite.sh: the whole check on a GPU machine, in one run.
 #
-#   OUT=/some/dir tools/gpu-suite.sh      (logs go to $OUT, else ./gpu-suite-out)
+#   OUT=/some/dir tools/gpu-suite.sh      (logs go to ./gpu-suite-out; with OUT
+#                                          set, also packed into $OUT as
+#                                          gpu-suite-logs.tgz + summary.txt + JSON)
+#   GVM_SUITE_STEPS=build,tests,sanitizer,bench,replay   (the default: all)
+#   GVM_BENCH_ARGS="--benchmark_repetitions=5 ..."        (extra benchmark flags)
 #
 # 1. configure and build from scratch into build-gpu (Release, -j$(nproc))
 # 2. gvm-info (what the allocator sees)
@@ -22,7 +26,9 @@ set -u -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD="$ROOT/build-gpu"
-OUT_DIR="${OUT:-$PWD/gpu-suite-out}"
+OUT_DIR="$PWD/gpu-suite-out"
+STEPS=",${GVM_SUITE_STEPS:-build,tests,sanitizer,bench,replay},"
+want() { [[ "$STEPS" == *",$1,"* ]]; }
 JOBS=$(nproc 2>/dev/null || echo 4)
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
@@ -90,6 +96,7 @@ if [ "$BUILT" = 1 ]; then
 
   # --- 3. ctest -------------------------------------------------------------------
   ctest --test-dir "$BUILD" --show-only=json-v1 >"$OUT_DIR/ctest-tests.json" 2>/dev/null
+  if want tests; then
   run_step ctest-nongpu ctest --test-dir "$BUILD" -LE '^gpu$' -j "$JOBS" --output-on-failure \
     --timeout 600 --output-junit "$OUT_DIR/ctest-nongpu.xml"
   run_step ctest-gpu ctest --test-dir "$BUILD" -L '^gpu$' -j 1 --output-on-failure \
@@ -158,9 +165,12 @@ PY
   else
     SUMMARY+=("tests: see ctest.log (no python3 for the per-label counts)")
   fi
+  fi  # want tests
 
   # --- 4. compute-sanitizer ---------------------------------------------------------
-  if [ -z "$SANITIZER" ]; then
+  if ! want sanitizer; then
+    SUMMARY+=("sanitizer: not asked for (GVM_SUITE_STEPS)")
+  elif [ -z "$SANITIZER" ]; then
     FAILED+=("sanitizer: compute-sanitizer not found")
     SUMMARY+=("sanitizer: NOT RUN (compute-sanitizer not found)")
   elif [ -z "$PYTHON" ]; then
@@ -200,11 +210,13 @@ PY
   shopt -s nullglob
   BENCHES=("$BUILD"/bench/gvm-bench-*)
   shopt -u nullglob
+  want bench || BENCHES=()
   for b in "${BENCHES[@]}"; do
     if [ ! -f "$b" ] || [ ! -x "$b" ]; then continue; fi
     name=$(basename "$b")
+    # shellcheck disable=SC2086
     run_step "$name" "$b" --benchmark_format=json --benchmark_out="$OUT_DIR/$name.json" \
-      --benchmark_out_format=json
+      --benchmark_out_format=json ${GVM_BENCH_ARGS:-}
     rc=$?
     if [ -n "$PYTHON" ] && [ -s "$OUT_DIR/$name.json" ]; then
       while IFS= read -r line; do SUMMARY+=("$line"); done < <("$PYTHON" - "$OUT_DIR/$name.json" "$name" <<'PY'
@@ -236,7 +248,9 @@ PY
 
   REPLAY="$BUILD/bench/gvm-replay"
   TRACE="$ROOT/traces/gpt2_train.trace.gz"
-  if [ -x "$REPLAY" ] && [ -f "$TRACE" ]; then
+  if ! want replay; then
+    SUMMARY+=("gvm-replay: not asked for (GVM_SUITE_STEPS)")
+  elif [ -x "$REPLAY" ] && [ -f "$TRACE" ]; then
     note "gvm-replay: $REPLAY --driver cuda --json $TRACE"
     "$REPLAY" --driver cuda --json "$TRACE" >"$OUT_DIR/gvm-replay.json" 2>"$OUT_DIR/gvm-replay.log"
     rc=$?
@@ -278,5 +292,15 @@ fi
   fi
   echo "logs: $OUT_DIR"
 } | tee "$OUT_DIR/summary.txt"
+
+# The device tool brings back a few files only: the logs packed in one.
+if [ -n "${OUT:-}" ]; then
+  mkdir -p "$OUT"
+  tar -C "$OUT_DIR" -czf "$OUT/gpu-suite-logs.tgz" . 2>/dev/null
+  cp "$OUT_DIR/summary.txt" "$OUT/" 2>/dev/null
+  for j in "$OUT_DIR"/gvm-bench-*.json "$OUT_DIR"/gvm-replay.json; do
+    [ -f "$j" ] && cp "$j" "$OUT/"
+  done
+fi
 
 [ "${#FAILED[@]}" -eq 0 ]
