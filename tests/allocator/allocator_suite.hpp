@@ -24,6 +24,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
@@ -861,6 +862,8 @@ inline void fill_to_cap(Allocator& a, std::size_t n, std::size_t cap) {
   EXPECT_NE(message.find("cap"), std::string::npos) << message;
   const DeviceStats s = a.device_stats(0);
   EXPECT_LE(s.peak_reserved_bytes, cap);
+  // At least what fits when every block takes whole granules of its own (a
+  // segment each, without VMM), less one for rounding.
   EXPECT_GE(held.size(), cap / round_up(n + (std::size_t{2} << 20), std::size_t{2} << 20) - 1);
   std::string why;
   EXPECT_TRUE(a.check_invariants(&why)) << why;
