@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <ostream>
 #include <utility>
 #include <vector>
 
@@ -41,6 +42,11 @@ struct DriverFactory {
   // A driver, or nullptr with *why saying why there is none.
   std::function<std::unique_ptr<vmm::Driver>(std::string* why)> make;
 };
+
+// GoogleTest prints a parameter in the test list ("# GetParam() = ..."):
+// without this it prints the struct's raw bytes, which CMake 4's test
+// discovery cannot parse.
+inline void PrintTo(const DriverFactory& f, std::ostream* os) { *os << f.name; }
 
 inline std::string factory_name(const ::testing::TestParamInfo<DriverFactory>& info) {
   return info.param.name;

@@ -178,6 +178,9 @@ struct EngineMode {
   PeerPolicy policy;
   bool tracked;
 };
+// Printed in the test list instead of raw bytes (CMake 4's discovery cannot
+// parse those).
+void PrintTo(const EngineMode& m, std::ostream* os) { *os << m.name; }
 
 class PeerEngineGpuTest : public PeerGpuTest, public ::testing::WithParamInterface<EngineMode> {};
 

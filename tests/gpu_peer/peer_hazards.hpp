@@ -37,6 +37,9 @@ enum class PeerHazard {
 };
 
 const char* peer_hazard_name(PeerHazard h) noexcept;
+// GoogleTest prints parameters in the test list; a name instead of raw
+// bytes keeps CMake 4's test discovery able to parse it.
+inline void PrintTo(PeerHazard h, std::ostream* os) { *os << peer_hazard_name(h); }
 bool parse_peer_hazard(const std::string& name, PeerHazard* h) noexcept;
 
 struct PeerHazardReport {
