@@ -243,9 +243,13 @@ void DeviceHeap::order_after(const StreamTags& tags, vmm::StreamHandle stream) {
     if (r == vmm::Result::success) r = order_event_.wait_on(stream);
     if (r != vmm::Result::success) {
       // S is gone (a stream its owner destroyed is an invalid handle, and
-      // its work may still be queued) or the event failed: wait for the
-      // whole device on the host instead, as the fence does. Rare and slow.
-      r = driver_.ctx_synchronize(device());
+      // its work may still be queued), is a peer device's stream (recorded
+      // on the block; our event cannot be recorded there), or the event
+      // failed: wait for every device on the host instead, as the fence
+      // does. Rare and slow.
+      r = vmm::Result::success;
+      for (std::size_t d = 0; d < caps_.can_access_peer.size() && r == vmm::Result::success; ++d)
+        r = driver_.ctx_synchronize(static_cast<int>(d));
       device_synced = r == vmm::Result::success;
     }
     if (r != vmm::Result::success)

@@ -23,9 +23,12 @@ void Fence::wait(const std::vector<StreamRef>& streams) {
     if (r == vmm::Result::success) r = e.synchronize();
     if (r == vmm::Result::invalid_handle || r == vmm::Result::invalid_value ||
         r == vmm::Result::invalid_context) {
-      // The stream is gone (or never was a stream of this device): wait for
-      // the whole device instead, which covers whatever it had queued.
-      r = driver_.ctx_synchronize(s.device);
+      // The stream is gone, or is not a stream of this device (a peer's
+      // stream recorded on a block): which device its work runs on is
+      // unknown, so wait for every device, which covers whatever it queued.
+      r = vmm::Result::success;
+      for (std::size_t d = 0; d < events_.size() && r == vmm::Result::success; ++d)
+        r = driver_.ctx_synchronize(static_cast<int>(d));
     }
     if (r != vmm::Result::success)
       throw vmm::DriverError(r, "fence on device " + std::to_string(s.device));

@@ -11,8 +11,9 @@
 // wait() records an event on each stream and synchronises it: it waits for
 // the work queued on those streams so far and nothing else, where a device
 // synchronisation would also wait for unrelated streams (docs/peer-access.md
-// measures both). A stream the driver rejects (destroyed by its owner) makes
-// the fence fall back to synchronising that whole device.
+// measures both). A stream the driver rejects (destroyed by its owner, or a
+// peer device's stream recorded on a block) makes the fence fall back to
+// synchronising every device.
 #pragma once
 
 #include <cstdint>
