@@ -425,7 +425,10 @@ bool DeviceHeap::deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamH
                         " bytes");
     unlink_start(b);
     uncommit(b);
-    if (stream != b->stream) tag_chunks(b, stream);
+    if (stream != b->stream) {
+      note_stream(stream);
+      tag_chunks(b, stream);
+    }
     large_live_ -= b->size;
     ++large_frees_;
     add_live(-static_cast<std::int64_t>(b->size));
@@ -446,6 +449,7 @@ void DeviceHeap::record_stream(std::uintptr_t addr, vmm::StreamHandle stream) {
       if (stream == c.stream) return;
       c.recorded[addr].add(stream);
       std::lock_guard<std::mutex> guard(lock_);
+      note_stream(stream);
       tag_chunks(s->block, stream);
       return;
     }
@@ -454,6 +458,7 @@ void DeviceHeap::record_stream(std::uintptr_t addr, vmm::StreamHandle stream) {
   Block* b = find_start(addr);
   if (b == nullptr) throw usage_error("gvmalloc: record_stream(" + hex(addr) + "): not a live block");
   if (stream == b->stream) return;
+  note_stream(stream);
   b->tags.add(stream);
   tag_chunks(b, stream);
 }

@@ -214,6 +214,8 @@ class DeviceHeap {
   std::set<Block*, BySizeAddr> free_;
   std::vector<ChunkRec> chunks_;
   std::vector<std::uint32_t> free_chunk_slots_;
+  // Every stream that may be in a block's tags (allocation, free and
+  // record_stream streams): tags that overflowed to "all" wait for each.
   std::vector<vmm::StreamHandle> streams_seen_;
   vmm::Event order_event_;  // recorded on S, waited on by T; reusable at once
 

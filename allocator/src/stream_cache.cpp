@@ -154,6 +154,7 @@ void DeviceHeap::free_small(Span* s, std::uintptr_t addr, std::size_t bytes,
     if (stream != c.stream) others.add(stream);
     if (!others.empty()) {
       std::lock_guard<std::mutex> device_guard(lock_);
+      if (stream != c.stream) note_stream(stream);
       try {
         order_after(others, c.stream);
       } catch (const vmm::DriverError&) {
