@@ -651,6 +651,89 @@ TEST_F(SimAllocatorTest, DestroyedStreamDoesNotPoisonTheBlocksItUsed) {
   }
 }
 
+// More streams on one block than StreamTags keeps inline (it then means
+// "every stream of the device"): streams that only read the block and were
+// recorded on it, never allocating, must still be waited for.
+TEST_F(SimAllocatorTest, ManyRecordedStreamsAreAllWaitedFor) {
+  for (bool small : {false, true}) {
+    SCOPED_TRACE(small ? "small" : "large");
+    Allocator& a = make(tiny());
+    StreamHandle s = new_stream();
+    std::vector<StreamHandle> readers;
+    for (int i = 0; i < 6; ++i) readers.push_back(new_stream());
+    const std::size_t n = small ? 4096 : 3 * kMiB;
+    void* p = a.allocate(n, 0, s);
+    ASSERT_TRUE(ok(sim().enqueue_access(0, s, dptr(p), n, AccessKind::write)));
+    vmm::EventHandle e = nullptr;
+    ASSERT_TRUE(ok(sim().event_create(0, &e)));
+    ASSERT_TRUE(ok(sim().event_record(0, e, s)));
+    for (StreamHandle r : readers) {
+      ASSERT_TRUE(ok(sim().stream_wait_event(0, r, e)));
+      ASSERT_TRUE(ok(sim().enqueue_access(0, r, dptr(p), n, AccessKind::read)));
+      a.record_stream(p, r);
+    }
+    ASSERT_TRUE(ok(sim().event_destroy(e)));
+    a.deallocate(p, n, 0, s);
+    void* q = a.allocate(n, 0, s);
+    ASSERT_EQ(q, p);
+    ASSERT_TRUE(ok(sim().enqueue_access(0, s, dptr(q), n, AccessKind::write)));
+    EXPECT_EQ(sim().race_count(), 0u) << first_race(sim());
+    a.deallocate(q, n, 0, s);
+    alloc_.reset();
+    sim().complete_all();
+    sim().clear_races();
+  }
+}
+
+// A peer's stream recorded on a block (a kernel on device 1 reading device
+// 0's memory through context peer access, as on the cuMemAlloc path with
+// the global peer policy). gvmalloc's events belong to the block's device
+// and cannot be recorded on the peer's stream, so whatever waits instead must
+// cover the peer: the next user of the block, and the fence before the
+// memory goes back to the driver.
+TEST_F(SimAllocatorTest, RecordedStreamOfAPeerDeviceIsWaitedFor) {
+  for (bool small : {false, true}) {
+    SCOPED_TRACE(small ? "small" : "large");
+    Config c = tiny();
+    c.force_no_vmm = true;
+    c.release_threshold_bytes = SIZE_MAX;
+    Allocator& a = make(c);
+    (void)sim().enable_peer_access(1, 0);  // already enabled after the first round
+    StreamHandle s = new_stream(), t = nullptr;
+    ASSERT_TRUE(ok(sim().stream_create(1, &t)));
+    const std::size_t n = small ? 4096 : 3 * kMiB;
+    void* p = a.allocate(n, 0, s);
+    ASSERT_TRUE(ok(sim().enqueue_access(0, s, dptr(p), n, AccessKind::write)));
+    vmm::EventHandle e = nullptr;
+    ASSERT_TRUE(ok(sim().event_create(0, &e)));
+    ASSERT_TRUE(ok(sim().event_record(0, e, s)));
+    ASSERT_TRUE(ok(sim().stream_wait_event(1, t, e)));
+    ASSERT_TRUE(ok(sim().event_destroy(e)));
+    ASSERT_TRUE(ok(sim().enqueue_access(1, t, dptr(p), n, AccessKind::read)));
+    ASSERT_EQ(sim().race_count(), 0u) << first_race(sim());
+    a.record_stream(p, t);
+    a.deallocate(p, n, 0, s);
+    void* q = nullptr;
+    ASSERT_NO_THROW(q = a.allocate(n, 0, s));
+    ASSERT_EQ(q, p);
+    ASSERT_TRUE(ok(sim().enqueue_access(0, s, dptr(q), n, AccessKind::write)));
+    EXPECT_EQ(sim().race_count(), 0u) << first_race(sim());
+    // Again used by the peer, then freed and trimmed: the fence must wait for
+    // the peer's stream before the segment goes.
+    ASSERT_TRUE(ok(sim().enqueue_access(1, t, dptr(q), n, AccessKind::read)));
+    sim().clear_races();  // that read was not ordered after s's write: the test's own doing
+    a.record_stream(q, t);
+    a.deallocate(q, n, 0, s);
+    EXPECT_NO_THROW(a.trim());
+    EXPECT_EQ(sim().sticky_error(), Result::success);
+    EXPECT_EQ(a.device_stats(0).reserved_bytes, 0u);
+    alloc_.reset();
+    sim().clear_sticky();
+    sim().complete_all();
+    (void)sim().stream_destroy(1, t);
+  }
+}
+
 // deallocate's contract: usage errors only. Driver trouble while freeing
 // (a release above the threshold, the wait of a free on another stream)
 // must not surface as an exception after the block was already freed.
