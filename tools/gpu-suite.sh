@@ -244,7 +244,11 @@ PY
       SUMMARY+=("$name: exit $rc, no JSON results")
     fi
   done
-  [ "${#BENCHES[@]}" -eq 0 ] && SUMMARY+=("benchmarks: none built (bench/gvm-bench-*)")
+  if ! want bench; then
+    SUMMARY+=("benchmarks: not asked for (GVM_SUITE_STEPS)")
+  elif [ "${#BENCHES[@]}" -eq 0 ]; then
+    SUMMARY+=("benchmarks: none built (bench/gvm-bench-*)")
+  fi
 
   REPLAY="$BUILD/bench/gvm-replay"
   TRACE="$ROOT/traces/gpt2_train.trace.gz"
