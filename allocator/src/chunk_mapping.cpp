@@ -55,6 +55,21 @@ void DeviceHeap::ensure_mapped(Block* b) {
     }
     return runs;
   };
+  // The cache hit: every granule already mapped. Checked first, hopping
+  // chunk to chunk, so that a hit allocates nothing.
+  bool all_mapped = true;
+  for (std::uintptr_t g = b->addr & ~(kGranule - 1); g < b->end();) {
+    const std::uint32_t c = pages_.at(g).chunk;
+    if (c == 0) {
+      all_mapped = false;
+      break;
+    }
+    g = chunks_[c - 1].addr + chunks_[c - 1].size;
+  }
+  if (all_mapped) {
+    ++large_hits_;
+    return;
+  }
   auto runs = unmapped_runs();
   std::size_t need = 0;
   for (const auto& r : runs) need += r.second;

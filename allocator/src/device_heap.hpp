@@ -36,6 +36,7 @@
 #include "gvm/stats.hpp"
 #include "gvm/vmm/device_caps.hpp"
 #include "gvm/vmm/owners.hpp"
+#include "node_pool.hpp"
 #include "page_map.hpp"
 #include "size_classes.hpp"
 #include "span.hpp"
@@ -211,7 +212,8 @@ class DeviceHeap {
   PageMap pages_;
   BlockPool blocks_;
   std::vector<std::unique_ptr<RegionRec>> regions_;
-  std::set<Block*, BySizeAddr> free_;
+  NodeArena free_nodes_;  // declared before free_: outlives it
+  std::set<Block*, BySizeAddr, NodePool<Block*>> free_{BySizeAddr{}, NodePool<Block*>(free_nodes_)};
   std::vector<ChunkRec> chunks_;
   std::vector<std::uint32_t> free_chunk_slots_;
   // Every stream that may be in a block's tags (allocation, free and
