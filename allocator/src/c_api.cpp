@@ -417,6 +417,29 @@ void gvm_torch_free(void* ptr, ssize_t size, int device, void* stream) {
   }
 }
 
+void gvm_torch_pool_free(void* ptr, ssize_t size, int device, void* stream) {
+  constexpr const char* fn = "gvm_torch_pool_free";
+  if (ptr == nullptr) return;
+  if (size < 0) {
+    gvm::fail_with(GVM_ERROR_INVALID_ARGUMENT, fn,
+                   [&] { return "size " + std::to_string(size) + " is negative"; });
+    gvm::tell_stderr();
+    return;
+  }
+  Instance* inst = gvm::running(fn);
+  const std::size_t bytes = size == 0 ? gvm::kUnknownSize : static_cast<std::size_t>(size);
+  if (inst == nullptr || gvm::free_block(*inst, ptr, bytes, device, stream, fn) != GVM_OK) {
+    gvm::tell_stderr();  // a free that failed trims nothing
+    return;
+  }
+  try {
+    inst->allocator->trim(device);
+  } catch (...) {
+    gvm::fail_current(fn);
+    gvm::tell_stderr();
+  }
+}
+
 intptr_t gvm_cupy_malloc(intptr_t param, size_t size, int device) {
   constexpr const char* fn = "gvm_cupy_malloc";
   if (size == 0) return 0;

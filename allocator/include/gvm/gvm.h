@@ -117,6 +117,12 @@ GVM_API gvm_status gvm_trim(int device);
  * stderr: otherwise the reason would be lost. */
 GVM_API void* gvm_torch_malloc(ssize_t size, int device, void* stream);
 GVM_API void gvm_torch_free(void* ptr, ssize_t size, int device, void* stream);
+/* gvm_torch_free, then gvm_trim(device): the free of a torch.cuda.MemPool
+ * backed by gvmalloc (docs/pytorch.md). PyTorch's caching allocator keeps a
+ * pool's segments and hands them back only when it empties the pool (the pool
+ * dies, torch.cuda.empty_cache, an OOM retry), and that is when their memory
+ * should go back to the driver: cached in gvmalloc it would serve nobody. */
+GVM_API void gvm_torch_pool_free(void* ptr, ssize_t size, int device, void* stream);
 
 /* ---- CuPy: cupy.cuda.memory.CFunctionAllocator --------------------------
  * `param` is the opaque value CuPy hands back on every call; gvmalloc reads it
