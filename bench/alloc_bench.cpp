@@ -7,6 +7,11 @@
 //                    pool, release threshold UINT64_MAX so the pool stays warm
 //   gvm_sim_h200     gvm::Allocator on a simulated H200 (SimDriver): the front
 //                    end and the simulator, no GPU. Runs anywhere, e.g. on CI.
+//   torch            PyTorch's CUDACachingAllocator (raw_alloc_with_stream /
+//                    raw_delete, bench/torch_baseline.hpp) where CMake found
+//                    torch; named torch_expandable when PYTORCH_CUDA_ALLOC_CONF
+//                    says expandable_segments:True (tools/bench-all.sh runs
+//                    the binary once per mode)
 //
 // Every implementation allocates on device 0 on one non-default stream made
 // once (cudaStreamNonBlocking for the runtime, Driver::stream_create for
@@ -29,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -40,6 +46,7 @@
 #include "gvm/config.hpp"
 #include "gvm/vmm/cuda_driver.hpp"
 #include "gvm/vmm/sim_driver.hpp"
+#include "torch_baseline.hpp"
 
 #if GVM_BENCH_HAVE_CUDART
 #include <cuda_runtime_api.h>
@@ -207,11 +214,22 @@ class CudaMallocAsyncImpl final : public Impl {
     cuda_check(cudaStreamSynchronize(runtime_env().stream), "cudaStreamSynchronize");
   }
 };
+// PyTorch's caching allocator on the runtime's benchmark stream.
+class TorchImpl final : public Impl {
+ public:
+  void* allocate(std::size_t bytes) override {
+    return gvm::bench::torch_alloc(bytes, runtime_env().stream);
+  }
+  void deallocate(void* p, std::size_t) override { gvm::bench::torch_free(p); }
+  void synchronize() override {
+    cuda_check(cudaStreamSynchronize(runtime_env().stream), "cudaStreamSynchronize");
+  }
+};
 #endif  // GVM_BENCH_HAVE_CUDART
 
 // --- which implementation ------------------------------------------------------
 
-enum class Kind { gvm_cuda, cuda_malloc, cuda_malloc_async, gvm_sim_h200 };
+enum class Kind { gvm_cuda, cuda_malloc, cuda_malloc_async, gvm_sim_h200, torch };
 
 struct KindInfo {
   Kind kind;
@@ -224,7 +242,12 @@ constexpr KindInfo kKinds[] = {
     {Kind::cuda_malloc, "cudaMalloc", ""},
     {Kind::cuda_malloc_async, "cudaMallocAsync", ""},
     {Kind::gvm_sim_h200, "gvm_sim_h200", "simulated H200: front end only, no GPU"},
+    {Kind::torch, "torch", ""},  // named by torch_impl_name() when registered
 };
+
+const char* impl_name(const KindInfo& info) {
+  return info.kind == Kind::torch ? gvm::bench::torch_impl_name() : info.name;
+}
 
 // The implementation, or nullptr and *why_not.
 std::unique_ptr<Impl> make_impl(Kind kind, std::string* why_not) {
@@ -254,6 +277,18 @@ std::unique_ptr<Impl> make_impl(Kind kind, std::string* why_not) {
       }
       if (kind == Kind::cuda_malloc) return std::make_unique<CudaMallocImpl>();
       return std::make_unique<CudaMallocAsyncImpl>();
+#else
+      *why_not = "built without the CUDA runtime (CUDA::cudart not found)";
+      return nullptr;
+#endif
+    case Kind::torch:
+#if GVM_BENCH_HAVE_CUDART
+      if (!gvm::bench::torch_baseline_available(why_not)) return nullptr;
+      if (!runtime_env().why_not.empty()) {
+        *why_not = runtime_env().why_not;
+        return nullptr;
+      }
+      return std::make_unique<TorchImpl>();
 #else
       *why_not = "built without the CUDA runtime (CUDA::cudart not found)";
       return nullptr;
@@ -410,13 +445,13 @@ void bm_mixed(benchmark::State& state, const KindInfo& info) {
 void register_benchmarks() {
   static const std::int64_t kPairSizes[] = {256, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20};
   for (const KindInfo& info : kKinds) {
-    auto* b = benchmark::RegisterBenchmark((std::string("BM_pair/") + info.name).c_str(),
+    auto* b = benchmark::RegisterBenchmark((std::string("BM_pair/") + impl_name(info)).c_str(),
                                            [&info](benchmark::State& st) { bm_pair(st, info); });
     for (std::int64_t size : kPairSizes) b->Arg(size);
     b->UseRealTime();
   }
   for (const KindInfo& info : kKinds) {
-    benchmark::RegisterBenchmark((std::string("BM_mixed/") + info.name).c_str(),
+    benchmark::RegisterBenchmark((std::string("BM_mixed/") + impl_name(info)).c_str(),
                                  [&info](benchmark::State& st) { bm_mixed(st, info); })
         ->UseRealTime();
   }
@@ -430,6 +465,8 @@ int main(int argc, char** argv) {
   register_benchmarks();
   try {
     benchmark::AddCustomContext("gvm_conf", gvm::to_string(gvm::config_from_env()));
+    const char* torch_conf = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+    benchmark::AddCustomContext("pytorch_cuda_alloc_conf", torch_conf ? torch_conf : "");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gvm-bench-alloc: GVM_CONF: %s\n", e.what());
     return 1;
