@@ -1,0 +1,283 @@
+"""The parts of the Python package that need no GPU: finding and loading the
+library, errors, configuration, statistics (over the simulated driver).
+Runs under pytest or `python3 -m unittest`; CTest label `python`."""
+
+import ctypes
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import _support  # noqa: F401  (puts the package on sys.path)
+import gvmalloc
+from gvmalloc import _lib
+
+MiB = 1 << 20
+
+HAVE_LIBRARY = bool(os.environ.get("GVMALLOC_LIBRARY"))
+NEEDS_LIBRARY = unittest.skipUnless(
+    HAVE_LIBRARY, "GVMALLOC_LIBRARY is not set (tools/python-tests.sh and CTest set it)")
+
+
+class LibrarySearch(unittest.TestCase):
+    def test_environment_variable_is_the_only_candidate(self):
+        paths, from_env = _lib.candidates({"GVMALLOC_LIBRARY": "/x/libgvmalloc.so"}, "/p/q/r")
+        self.assertTrue(from_env)
+        self.assertEqual(paths, ["/x/libgvmalloc.so"])
+
+    def test_next_to_the_package_then_above_it_then_the_install_libdir(self):
+        paths, from_env = _lib.candidates({}, "/pre/lib/python/gvmalloc", "/opt/gvm/lib")
+        self.assertFalse(from_env)
+        self.assertEqual(paths[0], "/pre/lib/python/gvmalloc/libgvmalloc.so")
+        self.assertIn("/pre/lib/libgvmalloc.so", paths)
+        self.assertLess(paths.index("/pre/lib/python/libgvmalloc.so"),
+                        paths.index("/pre/lib/libgvmalloc.so"))
+        self.assertEqual(paths[-2:], ["/opt/gvm/lib/libgvmalloc.so", "/opt/gvm/lib/libgvmalloc.so.0"])
+
+    def test_a_missing_file_named_by_the_environment_is_a_clear_error(self):
+        with self.assertRaises(_lib.LibraryNotFound) as cm:
+            _lib.find_library({"GVMALLOC_LIBRARY": "/nonexistent/libgvmalloc.so"}, "/p")
+        self.assertIn("GVMALLOC_LIBRARY", str(cm.exception))
+        self.assertIn("/nonexistent/libgvmalloc.so", str(cm.exception))
+        self.assertIn("does not exist", str(cm.exception))
+
+    def test_a_directory_named_by_the_environment_is_a_clear_error(self):
+        with tempfile.TemporaryDirectory() as d:
+            with self.assertRaises(_lib.LibraryNotFound) as cm:
+                _lib.find_library({"GVMALLOC_LIBRARY": d}, "/p")
+            self.assertIn("is a directory", str(cm.exception))
+            self.assertIn(os.path.join(d, "libgvmalloc.so"), str(cm.exception))
+
+    def test_not_found_names_every_place_looked_in(self):
+        with tempfile.TemporaryDirectory() as d:
+            pkg = os.path.join(d, "lib", "python", "gvmalloc")
+            os.makedirs(pkg)
+            libdir = os.path.join(d, "prefix-lib")
+            with self.assertRaises(_lib.LibraryNotFound) as cm:
+                _lib.find_library({}, pkg, libdir)
+            message = str(cm.exception)
+            for p in _lib.candidates({}, pkg, libdir)[0]:
+                self.assertIn(p, message)
+            self.assertIn("GVMALLOC_LIBRARY", message)
+
+    def test_found_next_to_the_package(self):
+        with tempfile.TemporaryDirectory() as d:
+            pkg = os.path.join(d, "lib", "python", "gvmalloc")
+            os.makedirs(pkg)
+            lib = os.path.join(d, "lib", "libgvmalloc.so")
+            open(lib, "w").close()
+            self.assertEqual(_lib.find_library({}, pkg, None), os.path.realpath(lib))
+
+    def test_import_works_without_the_library_and_the_first_call_says_why(self):
+        code = ("import gvmalloc\n"
+                "try:\n"
+                "    gvmalloc.stats()\n"
+                "except gvmalloc.LibraryNotFound as e:\n"
+                "    print('LNF', e)\n")
+        env = dict(os.environ, GVMALLOC_LIBRARY="/nowhere/libgvmalloc.so",
+                   PYTHONPATH=_support.PACKAGE_DIR)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=env, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("LNF gvmalloc: GVMALLOC_LIBRARY is set to '/nowhere/libgvmalloc.so'",
+                      r.stdout)
+
+    @NEEDS_LIBRARY
+    def test_a_file_that_is_not_a_library_is_a_clear_error(self):
+        with tempfile.NamedTemporaryFile(suffix=".so") as f:
+            f.write(b"not an ELF file")
+            f.flush()
+            code = ("import gvmalloc\n"
+                    "try:\n"
+                    "    gvmalloc.is_initialized()\n"
+                    "except gvmalloc.LibraryNotFound as e:\n"
+                    "    print('LNF', e)\n")
+            env = dict(os.environ, GVMALLOC_LIBRARY=f.name, PYTHONPATH=_support.PACKAGE_DIR)
+            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               env=env, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("LNF gvmalloc: found %s but could not load it" % os.path.realpath(f.name),
+                      r.stdout)
+
+
+class PureHelpers(unittest.TestCase):
+    def test_merge_conf_puts_the_override_last(self):
+        self.assertEqual(gvmalloc.merge_conf("a:1, b:2", "b:3"), "a:1, b:2,b:3")
+        self.assertEqual(gvmalloc.merge_conf(None, "b:3"), "b:3")
+        self.assertEqual(gvmalloc.merge_conf("a:1", None), "a:1")
+        self.assertEqual(gvmalloc.merge_conf("", " "), "")
+
+    def test_device_arguments(self):
+        class FakeDevice:  # what torch.device looks like to gvmalloc
+            def __init__(self, type_, index):
+                self.type, self.index = type_, index
+
+        self.assertEqual(gvmalloc._device_index(3), 3)
+        self.assertEqual(gvmalloc._device_index("cuda:1"), 1)
+        self.assertEqual(gvmalloc._device_index(FakeDevice("cuda", 2)), 2)
+        with self.assertRaisesRegex(ValueError, "CUDA devices, not 'cpu'"):
+            gvmalloc._device_index("cpu")
+        with self.assertRaisesRegex(ValueError, "CUDA devices"):
+            gvmalloc._device_index(FakeDevice("cpu", None))
+        with self.assertRaisesRegex(TypeError, "device index"):
+            gvmalloc._device_index(1.5)
+
+    @unittest.skipIf(_support.have("torch"), "torch is installed here")
+    def test_torch_module_without_torch_says_so(self):
+        with self.assertRaisesRegex(ImportError, "gvmalloc.torch needs PyTorch"):
+            import gvmalloc.torch  # noqa: F401
+
+    @unittest.skipIf(_support.have("cupy"), "cupy is installed here")
+    def test_cupy_module_without_cupy_says_so(self):
+        with self.assertRaisesRegex(ImportError, "gvmalloc.cupy needs CuPy"):
+            import gvmalloc.cupy  # noqa: F401
+
+
+@NEEDS_LIBRARY
+class SimulatedAllocator(unittest.TestCase):
+    """The wrappers over the C ABI, on two simulated H200s."""
+
+    def setUp(self):
+        self.saved_conf = os.environ.pop("GVM_CONF", None)
+        if gvmalloc.is_initialized():
+            gvmalloc.shutdown()
+
+    def tearDown(self):
+        if gvmalloc.is_initialized():
+            gvmalloc.shutdown()
+        os.environ.pop("GVM_CONF", None)
+        if self.saved_conf is not None:
+            os.environ["GVM_CONF"] = self.saved_conf
+
+    def test_stats_before_start_have_the_shape_and_no_devices(self):
+        s = gvmalloc.stats()
+        self.assertEqual(s["devices"], [])
+        self.assertIsNone(s["config"])
+        self.assertEqual(gvmalloc.memory_reserved(0), 0)
+        self.assertEqual(gvmalloc.max_memory_reserved("cuda:1"), 0)
+        gvmalloc.empty_cache()  # nothing to do, no error
+        self.assertFalse(gvmalloc.is_initialized())
+
+    def test_stats_follow_allocations_and_empty_cache_returns_memory(self):
+        gvmalloc.init_simulated("h200", 2, "max_chunk_size:8MiB")
+        p = gvmalloc.malloc(20 * MiB, 1)
+        q = gvmalloc.malloc(3 * MiB, 1)
+        s = gvmalloc.stats()
+        self.assertEqual(len(s["devices"]), 2)
+        d1 = s["devices"][1]
+        self.assertEqual(d1["device"], 1)
+        self.assertEqual(d1["allocations"], 2)
+        self.assertGreaterEqual(d1["live_bytes"], 23 * MiB)
+        self.assertGreaterEqual(d1["reserved_bytes"], d1["live_bytes"])
+        self.assertEqual(s["devices"][0]["reserved_bytes"], 0)
+        self.assertIn("max_chunk_size:8MiB", s["config"])
+        self.assertGreater(s["driver_totals"]["calls"], 0)
+        self.assertIn("cuMemCreate", s["driver_calls"])
+        # The struct route agrees with the JSON route.
+        self.assertEqual(gvmalloc.device_stats(1), d1)
+        self.assertEqual(gvmalloc.memory_reserved(1), d1["reserved_bytes"])
+        self.assertEqual(gvmalloc.memory_allocated("cuda:1"), d1["live_bytes"])
+
+        gvmalloc.free(p, 20 * MiB, 1)
+        peak = gvmalloc.max_memory_reserved(1)
+        self.assertEqual(peak, d1["peak_reserved_bytes"])
+        gvmalloc.empty_cache(1)
+        after = gvmalloc.device_stats(1)
+        self.assertLess(after["reserved_bytes"], d1["reserved_bytes"])
+        self.assertEqual(after["cached_bytes"] + after["live_bytes"], after["reserved_bytes"])
+        self.assertEqual(gvmalloc.max_memory_reserved(1), peak)
+        gvmalloc.free(q, 0, 1)  # size 0: unknown, not checked
+        gvmalloc.empty_cache()
+        self.assertEqual(gvmalloc.memory_reserved(1), 0)
+
+    def test_memory_snapshot_is_the_json_text(self):
+        gvmalloc.init_simulated("a100", 1)
+        text = gvmalloc.memory_snapshot()
+        self.assertTrue(text.startswith('{"devices":['), text[:40])
+        self.assertEqual(gvmalloc.stats()["devices"][0]["device"], 0)
+
+    def test_conf_over_gvm_conf(self):
+        os.environ["GVM_CONF"] = "max_chunk_size:4MiB,small_max:64KiB"
+        gvmalloc.init_simulated("h200", 1, "max_chunk_size:16MiB")
+        config = gvmalloc.stats()["config"]
+        self.assertIn("max_chunk_size:16MiB", config)
+        self.assertIn("small_max:64KiB", config)
+
+    def test_bad_conf_names_the_key_and_starts_nothing(self):
+        with self.assertRaises(gvmalloc.GvmError) as cm:
+            gvmalloc.init_simulated("h200", 1, "chunk:3")
+        self.assertEqual(cm.exception.status, "GVM_ERROR_CONFIG")
+        self.assertIn('unknown key "chunk"', str(cm.exception))
+        self.assertFalse(gvmalloc.is_initialized())
+        os.environ["GVM_CONF"] = "max_chunk_size:3MiB"
+        with self.assertRaisesRegex(gvmalloc.GvmError, "3MiB.*max_chunk_size"):
+            gvmalloc.init_simulated("h200", 1)
+        self.assertFalse(gvmalloc.is_initialized())
+
+    def test_bad_arguments_are_errors_that_change_nothing(self):
+        with self.assertRaisesRegex(gvmalloc.GvmError, "GVM_ERROR_INVALID_ARGUMENT.*h300"):
+            gvmalloc.init_simulated("h300", 1)
+        with self.assertRaisesRegex(gvmalloc.GvmError, "GVM_ERROR_NOT_INITIALIZED"):
+            gvmalloc.shutdown()
+        with self.assertRaisesRegex(gvmalloc.GvmError, "GVM_ERROR_NOT_INITIALIZED"):
+            gvmalloc.malloc(MiB)
+        gvmalloc.init_simulated("h200", 2)
+        with self.assertRaisesRegex(gvmalloc.GvmError, "GVM_ERROR_ALREADY_INITIALIZED"):
+            gvmalloc.init_simulated("h200", 2)
+        p = gvmalloc.malloc(MiB, 0)
+        gvmalloc.free(p, MiB, 0)
+        before = gvmalloc.stats()["devices"]
+        with self.assertRaisesRegex(gvmalloc.GvmError, "GVM_ERROR_INVALID_ARGUMENT.*not a live"):
+            gvmalloc.free(p, MiB, 0)  # a double free
+        with self.assertRaisesRegex(gvmalloc.GvmError, "no device 5"):
+            gvmalloc.malloc(MiB, 5)
+        with self.assertRaisesRegex(gvmalloc.GvmError, "size is 0"):
+            gvmalloc.malloc(0, 0)
+        with self.assertRaisesRegex(gvmalloc.GvmError, "no device 7"):
+            gvmalloc.device_stats(7)
+        with self.assertRaisesRegex(gvmalloc.GvmError, "GVM_ERROR_CONFIG"):
+            gvmalloc.set_peer_policy("sometimes")
+        self.assertEqual(gvmalloc.stats()["devices"], before)
+
+    def test_out_of_memory_is_a_memory_error(self):
+        gvmalloc.init_simulated("h200", 1, "max_reserved:64MiB")
+        with self.assertRaises(gvmalloc.OutOfMemoryError) as cm:
+            gvmalloc.malloc(128 * MiB, 0)
+        self.assertIsInstance(cm.exception, MemoryError)
+        self.assertEqual(cm.exception.status, "GVM_ERROR_OUT_OF_MEMORY")
+
+    def test_scratch_and_peer_policy(self):
+        gvmalloc.init_simulated("h200", 2)
+        s = gvmalloc.scratch_malloc(4 * MiB, 0)
+        d = gvmalloc.malloc(4 * MiB, 1)
+        self.assertGreater(gvmalloc.device_stats(0)["scratch_reserved_bytes"], 0)
+        self.assertEqual(gvmalloc.peer_policy(0, 1), "per_allocation")
+        gvmalloc.record_stream(s, 0, stream_device=1)
+        gvmalloc.set_peer_policy("none")
+        self.assertEqual(gvmalloc.peer_policy(0, 1), "none")
+        with self.assertRaisesRegex(gvmalloc.GvmError, "no device 4"):
+            gvmalloc.peer_policy(0, 4)
+        gvmalloc.free(d, 4 * MiB, 1)
+        gvmalloc.free(s, 4 * MiB, 0)
+
+    def test_framework_entry_points_share_the_allocator(self):
+        # PyTorch dlopen()s library_path() itself; a second handle on the same
+        # file must reach the same allocator, or enable() would split the stats.
+        gvmalloc.init_simulated("h200", 1)
+        other = ctypes.CDLL(gvmalloc.library_path())
+        other.gvm_torch_malloc.restype = ctypes.c_void_p
+        other.gvm_torch_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        other.gvm_torch_pool_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int,
+                                              ctypes.c_void_p]
+        p = other.gvm_torch_malloc(6 * MiB, 0, None)
+        self.assertTrue(p)
+        self.assertEqual(gvmalloc.device_stats(0)["allocations"], 1)
+        self.assertGreater(gvmalloc.memory_reserved(0), 0)
+        other.gvm_torch_pool_free(p, 6 * MiB, 0, None)  # frees and trims
+        self.assertEqual(gvmalloc.memory_reserved(0), 0)
+        self.assertEqual(gvmalloc.device_stats(0)["frees"], 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
