@@ -302,9 +302,21 @@ void DeviceHeap::set_access(std::vector<vmm::AccessDesc> access) {
   access_ = std::move(access);
 }
 
+const Block* DeviceHeap::live_block_holding(std::uintptr_t addr, std::size_t bytes) const {
+  // A walk of the region's blocks: for peer_copy and record_stream on a
+  // peer's stream (the scratch holds few blocks), never the allocation path.
+  for (const auto& r : regions_) {
+    if (addr - r->region.base >= r->region.size) continue;
+    for (const Block* b = r->region.first; b != nullptr; b = b->next)
+      if (!b->free && addr >= b->addr && addr + bytes <= b->end()) return b;
+  }
+  return nullptr;
+}
+
 void DeviceHeap::note_use(std::uintptr_t addr, StreamRef ref) {
   std::lock_guard<std::mutex> guard(lock_);
-  Block* b = find_start(addr);
+  // Any pointer into a live block: a copy may start inside one.
+  const Block* b = live_block_holding(addr, 1);
   if (b == nullptr) return;
   if (ref.device == device()) {
     tag_chunks(b, ref.stream);
@@ -337,14 +349,7 @@ std::vector<StreamRef> DeviceHeap::streams_touching(bool* whole_devices) const {
 
 bool DeviceHeap::is_live_block(std::uintptr_t addr, std::size_t bytes) const {
   std::lock_guard<std::mutex> guard(lock_);
-  for (const auto& r : regions_) {
-    if (addr - r->region.base >= r->region.size) continue;
-    // Any live block that holds [addr, addr + bytes): a walk, for peer_copy's
-    // choice of path only, never on the allocation path.
-    for (const Block* b = r->region.first; b != nullptr; b = b->next)
-      if (!b->free && addr >= b->addr && addr + bytes <= b->end()) return true;
-  }
-  return false;
+  return live_block_holding(addr, bytes) != nullptr;
 }
 
 }  // namespace gvm::detail

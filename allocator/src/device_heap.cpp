@@ -308,7 +308,10 @@ Block* DeviceHeap::allocate_block(std::size_t size, std::size_t alignment,
     free_block(b, nullptr);
   };
   try {
-    order_after(b->tags, stream);
+    // Memory that is not mapped has no work pending on it (every unmap is
+    // behind the fence): a block carved from the unmapped part of a free
+    // block needs no wait, whatever streams merged into that free block.
+    if (!unmapped(b)) order_after(b->tags, stream);
   } catch (...) {
     give_back();
     throw;
@@ -328,6 +331,15 @@ Block* DeviceHeap::allocate_block(std::size_t size, std::size_t alignment,
   }
   tag_chunks(b, stream);
   return b;
+}
+
+bool DeviceHeap::unmapped(const Block* b) const {
+  if (!vmm_) return false;
+  for (std::uintptr_t g = b->addr & ~(kGranule - 1); g < b->end(); g += kGranule) {
+    const PageEntry* e = pages_.find(g);
+    if (e != nullptr && e->chunk != 0) return false;
+  }
+  return true;
 }
 
 void DeviceHeap::commit(Block* b) {

@@ -166,6 +166,8 @@ class DeviceHeap {
   void erase_free(Block* b);
   void order_after(const StreamTags& tags, vmm::StreamHandle stream);
   void note_stream(vmm::StreamHandle stream);
+  bool unmapped(const Block* b) const;  // no granule of b is mapped
+  const Block* live_block_holding(std::uintptr_t addr, std::size_t bytes) const;
   void commit(Block* b);     // live counts up, map what is missing
   void uncommit(Block* b);   // live counts down
   void ensure_mapped(Block* b);

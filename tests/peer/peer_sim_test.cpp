@@ -347,3 +347,26 @@ TEST(PeerScratch, EightDevicesEveryPeerGrantedInOneCall) {
 }
 
 }  // namespace
+
+namespace {
+
+// A direct peer copy that starts inside a scratch block is remembered by the
+// tracked fence too: the trim after it waits for the copying stream.
+TEST(PeerFence, TrackedFenceSeesCopiesFromInsideABlock) {
+  Config c = tiny();
+  c.scratch_fence_tracked = true;
+  Pair t(c);
+  void* p = t.alloc->scratch_allocate(4 * kMiB, 0, t.s0);
+  void* dst = t.alloc->allocate(kMiB, 1, t.s1);
+  auto* inside = static_cast<char*>(p) + kMiB;
+  ASSERT_TRUE(t.alloc->is_peer_copy_direct(inside, 0, 1));
+  t.alloc->peer_copy(dst, 1, inside, 0, kMiB, t.s1);  // queued on device 1's stream
+  ASSERT_GT(t.sim->pending_accesses(), 0u);
+  t.alloc->deallocate(p, 4 * kMiB, 0, t.s0);
+  t.alloc->trim(0);
+  EXPECT_EQ(t.sim->sticky_error(), Result::success);
+  t.sim->complete_all();
+  t.alloc->deallocate(dst, kMiB, 1, t.s1);
+}
+
+}  // namespace
