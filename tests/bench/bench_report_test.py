@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""tools/bench-report.py on a small fake results directory.
+
+Writes results in the formats the benchmarks write (Google Benchmark JSON with
+medians, gvm-replay / gvm-replay-baseline JSON, timeline CSV, env.json), runs
+the report, and checks that each table holds the figures and ratios computed
+from those files, that a skipped variant is listed with its reason, that a
+missed target is flagged, and that plots are either drawn or said to be
+skipped. Usage: bench_report_test.py PATH/TO/bench-report.py
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+FAILURES = []
+
+
+def check(cond, what):
+    if not cond:
+        FAILURES.append(what)
+
+
+def gb(benchmarks):
+    return {"context": {"host_name": "fake"}, "benchmarks": benchmarks}
+
+
+def median(run, ns, **extra):
+    d = {"name": run + "_median", "run_name": run, "run_type": "aggregate",
+         "aggregate_name": "median", "real_time": ns, "cpu_time": ns, "time_unit": "ns",
+         "iterations": 5}
+    d.update(extra)
+    return d
+
+
+def mean(run, ns):  # must be ignored: only medians count
+    return {"name": run + "_mean", "run_name": run, "run_type": "aggregate",
+            "aggregate_name": "mean", "real_time": ns * 100, "time_unit": "ns"}
+
+
+def error(run, msg):
+    return {"name": run, "run_name": run, "run_type": "iteration", "error_occurred": True,
+            "error_message": msg, "iterations": 0, "real_time": 0, "time_unit": "ns"}
+
+
+def main():
+    report = sys.argv[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        res = os.path.join(tmp, "res")
+        os.makedirs(res)
+
+        def write(name, obj):
+            with open(os.path.join(res, name), "w") as f:
+                json.dump(obj, f)
+
+        write("env.json", {"date": "2099-01-02 03:04 UTC", "gpu": "1× Fake GPU",
+                           "driver_version": "999.1", "command": "tools/bench-all.sh"})
+        write("alloc.json", gb([
+            median("BM_pair/gvm_cuda/256/real_time", 50.0), mean("BM_pair/gvm_cuda/256/real_time", 50.0),
+            median("BM_pair/cudaMallocAsync/256/real_time", 1.5, time_unit="us"),
+            median("BM_pair/gvm_cuda/1048576/real_time", 80.0),
+            median("BM_mixed/gvm_cuda/real_time", 700.0, time_per_op=3.5e-7),
+            median("BM_mixed/torch/real_time", 1400.0, time_per_op=7.0e-7),
+            error("BM_mixed/cudaMalloc/real_time", "no CUDA device (fake reason)"),
+        ]))
+        write("alloc-expandable.json", gb([
+            median("BM_pair/torch_expandable/256/real_time", 100.0)]))
+        write("mt.json", gb([
+            median("BM_threads/gvm_cuda/real_time/threads:1", 100.0, items_per_second=2.0e7),
+            median("BM_threads/gvm_cuda/real_time/threads:4", 100.0, items_per_second=6.0e7),
+            median("BM_threads/torch/real_time/threads:4", 100.0, items_per_second=1.5e7),
+        ]))
+        write("growth.json", gb([
+            median("BM_growth/gvm_cuda/chunk_mib:2/gib:64/iterations:1/manual_time", 3.0,
+                   time_unit="ms", grow_ms=3000.0, grow_driver_ms=1000.0, trim_ms=500.0,
+                   trim_driver_ms=400.0, chunks_mapped=32768),
+            median("BM_growth/gvm_cuda/chunk_mib:1024/gib:1/iterations:1/manual_time", 1.0,
+                   time_unit="ms", grow_ms=12.0, grow_driver_ms=10.0, trim_ms=5.0,
+                   trim_driver_ms=4.0, chunks_mapped=4),
+        ]))
+        base = {"trace": "/x/gpt2_train.trace.gz", "events": 114839, "peak_live_bytes": 19089979616}
+        write("replay-gvmalloc.json", dict(base, ratio=1.026, ns_per_op=500.0,
+                                           peak_reserved_bytes=19586319187))
+        write("replay-torch.json", dict(base, impl="torch", ratio=1.945, ns_per_op=1000.0,
+                                        peak_reserved_bytes=37129910353))
+        write("replay-torch_expandable.json", dict(base, impl="torch_expandable", ratio=1.5,
+                                                   ns_per_op=2000.0, peak_reserved_bytes=2))
+        with open(os.path.join(res, "timeline-gvmalloc.csv"), "w") as f:
+            f.write("# comment\nevent,live_bytes,reserved_bytes\n1,100,2097152\n2,0,2097152\n")
+        with open(os.path.join(res, "alloc-broken.json"), "w") as f:
+            f.write("{not json")
+
+        out = os.path.join(tmp, "docs", "benchmarks.md")
+        p = subprocess.run([sys.executable, report, res, "--out", out],
+                           capture_output=True, text=True)
+        check(p.returncode == 0, "report exit %d: %s" % (p.returncode, p.stderr))
+        text = open(out).read() if os.path.exists(out) else ""
+        print(text)
+
+        # Header from env.json.
+        check("| NVIDIA driver | 999.1 |" in text, "driver version from env.json")
+        check("2099-01-02" in text, "date from env.json")
+        # Pair: 1.5 us = 1500 ns is 30x gvm's 50 ns; torch_expandable from the
+        # second file 2x; the mean (x100) ignored.
+        check("| 256 B | 50 ns | 100 ns (2.00×) | 1.5 µs (30.00×) |" in text,
+              "pair row for 256 B with ratios vs gvm_cuda")
+        check("| 5 µs" not in text, "means are not reported")
+        # Mixed: time_per_op wins over real_time / 2.
+        check("| torch | 700 ns (2.00×) |" in text, "mixed row from time_per_op")
+        check("BM_mixed/cudaMalloc: no CUDA device (fake reason)" in text,
+              "skipped variant listed with its reason")
+        # Threads: 60 M / 15 M = 4x.
+        check("| 4 | 60 M | 15 M (4.00×) |" in text, "threads row with rate ratio")
+        # Growth: 3.00x misses the <= 2 target and is flagged; 1.20x meets it.
+        check("3.00×" in text and "1.20×" in text, "growth ratios")
+        check("**Missed** in 1 case(s): grow 64 GiB with 2 MiB chunks" in text,
+              "missed growth target flagged with the measured figure")
+        # Replay: ratios vs gvmalloc, and the torch-mode check in both directions.
+        check("| gvmalloc | 1.026 |" in text, "gvmalloc replay row")
+        check("| torch | 1.945 | 1.90× |" in text, "torch replay ratio vs gvmalloc")
+        check("within 5% of PyTorch's own 1.945" in text, "torch default matches its figure")
+        check("torch_expandable replayed to 1.500 reserved/live, not PyTorch's own 1.079" in text,
+              "torch expandable mismatch explained")
+        check("alloc-broken.json: unreadable" in text, "an unreadable file is reported, not fatal")
+        check("Not in this run." in text, "absent peer results said so")
+        # Plots: drawn with matplotlib, otherwise said to be skipped.
+        try:
+            import matplotlib  # noqa: F401
+            have_mpl = True
+        except ImportError:
+            have_mpl = False
+        img = os.path.join(tmp, "docs", "img")
+        if have_mpl:
+            for name in ("pair.png", "threads.png", "growth.png", "timeline.png"):
+                check(os.path.exists(os.path.join(img, name)), "plot %s drawn" % name)
+        else:
+            check("Plots skipped: matplotlib is not installed" in text, "plots said skipped")
+            check("plots skipped" in p.stdout, "stdout says plots were skipped")
+
+        # A missing results directory is a clear error, not a traceback.
+        p = subprocess.run([sys.executable, report, os.path.join(tmp, "nope"), "--out", out],
+                           capture_output=True, text=True)
+        check(p.returncode != 0 and "no results directory" in p.stderr and
+              "Traceback" not in p.stderr, "missing directory: clear error")
+
+    for f in FAILURES:
+        print("FAILED: " + f)
+    print("%d check(s) failed" % len(FAILURES) if FAILURES else "all checks passed")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,563 @@
+#!/usr/bin/env python3
+"""tools/bench-report.py: docs/benchmarks.md (and plots) from a bench-all run.
+
+    tools/bench-report.py [RESULTS] [--out FILE] [--img DIR] [--no-plots]
+
+RESULTS is the directory tools/bench-all.sh wrote (default bench-out), or its
+bench-results.tgz. Every figure in the output comes from those files; none is
+typed here. Plots need matplotlib; without it the tables are written and the
+report says the plots were skipped.
+
+Files read (all optional; a missing one leaves its section saying so):
+  env.json                  machine, driver, date, command (bench-all.sh)
+  alloc*.json               gvm-bench-alloc (Google Benchmark JSON)
+  mt*.json                  gvm-bench-mt
+  growth*.json              gvm-bench-growth
+  peer*.json                gvm-bench-peer
+  replay-*.json             gvm-replay / gvm-replay-baseline --json
+  timeline-*.csv            their --timeline output
+"""
+import argparse
+import csv
+import glob
+import json
+import os
+import re
+import sys
+import tarfile
+import tempfile
+
+GVM = "gvm_cuda"
+# Column order of the allocators in every table; others follow, sorted.
+ORDER = [GVM, "torch", "torch_expandable", "cudaMallocAsync", "cudaMalloc", "gvm_sim_h200"]
+REPLAY_GVM = "gvmalloc"
+# PyTorch's own peak reserved / peak allocated on the shipped GPT-2 trace
+# (MEASUREMENTS.md, "Real workloads"): the replay through c10 should land near.
+TORCH_TRACE_RATIO = {"torch": 1.945, "torch_expandable": 1.079}
+TORCH_RATIO_TOLERANCE = 0.05
+GROWTH_TARGET = 2.0  # growth (or trim) time / driver time, from the issue
+
+TO_NS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
+
+
+def order_key(name):
+    return (ORDER.index(name), "") if name in ORDER else (len(ORDER), name)
+
+
+# --- reading ------------------------------------------------------------------------
+
+
+def load_json(path, problems):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        problems.append("%s: unreadable (%s)" % (os.path.basename(path), e))
+        return None
+
+
+def bench_results(directory, pattern, problems):
+    """Google Benchmark results of the files matching pattern: the medians
+    where repetitions were run, otherwise the single runs. Returns
+    (list of dicts with 'run', 'ns' and the raw entry, contexts)."""
+    out, contexts = [], []
+    for path in sorted(glob.glob(os.path.join(directory, pattern))):
+        d = load_json(path, problems)
+        if not isinstance(d, dict) or "benchmarks" not in d:
+            continue
+        contexts.append(d.get("context", {}))
+        entries = d["benchmarks"]
+        medians = [b for b in entries if b.get("aggregate_name") == "median"]
+        picked = medians or [b for b in entries if b.get("run_type", "iteration") == "iteration"]
+        for b in picked:
+            run = b.get("run_name") or b["name"]
+            if b.get("error_occurred"):
+                out.append({"run": run, "error": b.get("error_message", "error"), "raw": b})
+                continue
+            ns = b.get("real_time", 0.0) * TO_NS.get(b.get("time_unit", "ns"), 1.0)
+            out.append({"run": run, "ns": ns, "raw": b})
+    # Errors appear once per benchmark; with repetitions there is no median
+    # for them, so they come from the iteration entries above only if nothing
+    # else matched. Collect them from every entry too.
+    return out, contexts
+
+
+def errors_of(directory, pattern, problems):
+    errs = {}
+    for path in sorted(glob.glob(os.path.join(directory, pattern))):
+        d = load_json(path, problems)
+        if isinstance(d, dict):
+            for b in d.get("benchmarks", []):
+                if b.get("error_occurred"):
+                    errs[b.get("run_name") or b["name"]] = b.get("error_message", "error")
+    return errs
+
+
+def strip_suffixes(run):
+    return re.sub(r"/(real_time|manual_time|iterations:\d+)", "", run)
+
+
+# --- formatting ---------------------------------------------------------------------
+
+
+def fmt_ns(ns):
+    if ns is None:
+        return "—"
+    if ns >= 1e6:
+        return "%.3g ms" % (ns / 1e6)
+    if ns >= 1e3:
+        return "%.3g µs" % (ns / 1e3)
+    return "%.3g ns" % ns
+
+
+def fmt_bytes(n):
+    n = int(n)
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return "%d %s" % (n // size, unit)
+    return "%d B" % n
+
+
+def fmt_ratio(x):
+    return "—" if x is None else "%.2f×" % x
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        lines.append("| " + " | ".join(str(c) for c in r) + " |")
+    return "\n".join(lines)
+
+
+def cell(value_ns, base_ns):
+    """A time with its ratio to gvmalloc's (baseline / gvm: > 1 = gvm faster)."""
+    if value_ns is None:
+        return "—"
+    if base_ns and value_ns and base_ns > 0:
+        return "%s (%s)" % (fmt_ns(value_ns), fmt_ratio(value_ns / base_ns))
+    return fmt_ns(value_ns)
+
+
+# --- sections -----------------------------------------------------------------------
+
+
+def section_pair(res, errs):
+    data = {}
+    for r in res:
+        m = re.match(r"BM_pair/([^/]+)/(\d+)$", strip_suffixes(r["run"]))
+        if m and "ns" in r:
+            data.setdefault(m.group(1), {})[int(m.group(2))] = r["ns"]
+    out = ["## Alloc + free pair, by size (gvm-bench-alloc BM_pair)", ""]
+    if not data:
+        out.append("No results" + skipped_note(errs, "BM_pair") + ".")
+        return out, data
+    impls = sorted(data, key=order_key)
+    sizes = sorted({s for d in data.values() for s in d})
+    rows = []
+    for s in sizes:
+        base = data.get(GVM, {}).get(s)
+        rows.append([fmt_bytes(s)] +
+                    [cell(data[i].get(s), None if i == GVM else base) for i in impls])
+    out.append("Median wall time of one allocate + free, warm. In brackets: that time "
+               "÷ gvm_cuda's (above 1× = gvmalloc is faster).")
+    out.append("")
+    out.append(table(["size"] + impls, rows))
+    out += ["", skipped_list(errs, "BM_pair")]
+    return out, data
+
+
+def section_mixed(res, errs):
+    data = {}
+    for r in res:
+        m = re.match(r"BM_mixed/([^/]+)$", strip_suffixes(r["run"]))
+        if m and "ns" in r:
+            per_op = r["raw"].get("time_per_op")
+            data[m.group(1)] = per_op * 1e9 if per_op else r["ns"] / 2
+    out = ["## Mixed workload (gvm-bench-alloc BM_mixed)", ""]
+    if not data:
+        out.append("No results" + skipped_note(errs, "BM_mixed") + ".")
+        return out, data
+    base = data.get(GVM)
+    rows = [[i, cell(data[i], None if i == GVM else base)] for i in sorted(data, key=order_key)]
+    out.append("1000 live blocks, 256 B–64 MiB log-uniform; one op = one allocate or "
+               "one free. In brackets: ÷ gvm_cuda's.")
+    out.append("")
+    out.append(table(["allocator", "time per op"], rows))
+    out += ["", skipped_list(errs, "BM_mixed")]
+    return out, data
+
+
+def section_threads(res, errs):
+    data = {}
+    for r in res:
+        m = re.match(r"BM_threads/([^/]+)/threads:(\d+)$", strip_suffixes(r["run"]))
+        if m and "ns" in r and "items_per_second" in r["raw"]:
+            data.setdefault(m.group(1), {})[int(m.group(2))] = r["raw"]["items_per_second"]
+    out = ["## Threads scaling (gvm-bench-mt BM_threads)", ""]
+    if not data:
+        out.append("No results" + skipped_note(errs, "BM_threads") + ".")
+        return out, data
+    impls = sorted(data, key=order_key)
+    threads = sorted({t for d in data.values() for t in d})
+    rows = []
+    for t in threads:
+        base = data.get(GVM, {}).get(t)
+        row = [str(t)]
+        for i in impls:
+            v = data[i].get(t)
+            if v is None:
+                row.append("—")
+            elif base and i != GVM:
+                row.append("%.3g M (%s)" % (v / 1e6, fmt_ratio(base / v)))
+            else:
+                row.append("%.3g M" % (v / 1e6))
+        rows.append(row)
+    out.append("Aggregate operations per second of all threads (millions; each thread on "
+               "its own stream, 100 live blocks of 256 B–4 MiB). In brackets: gvm_cuda's "
+               "rate ÷ that allocator's (above 1× = gvmalloc is faster).")
+    out.append("")
+    out.append(table(["threads"] + impls, rows))
+    out += ["", skipped_list(errs, "BM_threads")]
+    return out, data
+
+
+def section_growth(res, errs):
+    rows, data, missed = [], [], []
+    for r in res:
+        m = re.match(r"BM_growth/([^/]+)/chunk_mib:(\d+)/gib:(\d+)$", strip_suffixes(r["run"]))
+        if not m or "ns" not in r:
+            continue
+        raw = r["raw"]
+        data.append((m.group(1), int(m.group(2)), int(m.group(3)), raw))
+    out = ["## Growth and trim vs driver time (gvm-bench-growth BM_growth)", ""]
+    if not data:
+        out.append("No results" + skipped_note(errs, "BM_growth") + ".")
+        return out, data, missed
+    data.sort(key=lambda x: (order_key(x[0]), x[1], x[2]))
+    for impl, chunk, gib, raw in data:
+        g, gd = raw.get("grow_ms"), raw.get("grow_driver_ms")
+        t, td = raw.get("trim_ms"), raw.get("trim_driver_ms")
+        gr = g / gd if g and gd else None
+        tr = t / td if t and td else None
+        for what, x in (("grow", gr), ("trim", tr)):
+            if impl == GVM and x is not None and x > GROWTH_TARGET:
+                missed.append("%s %d GiB with %d MiB chunks: %s / driver = %.2f" %
+                              (what, gib, chunk, what, x))
+        rows.append([impl, "%d MiB" % chunk, "%d GiB" % gib,
+                     "%.3g" % g if g is not None else "—", "%.3g" % gd if gd is not None else "—",
+                     fmt_ratio(gr), "%.3g" % t if t is not None else "—",
+                     "%.3g" % td if td is not None else "—", fmt_ratio(tr),
+                     "%d" % raw.get("chunks_mapped", 0)])
+    out.append("A fresh allocator grows from empty to the target in 256 MiB blocks, then "
+               "trims back; times in ms, the driver's share from Allocator::stats().driver. "
+               "Target: time ÷ driver time ≤ %g. gvm_sim_h200 rows time the simulator, "
+               "not a GPU." % GROWTH_TARGET)
+    out.append("")
+    out.append(table(["impl", "max chunk", "target", "grow ms", "driver ms", "grow/driver",
+                      "trim ms", "driver ms", "trim/driver", "chunks"], rows))
+    out += ["", skipped_list(errs, "BM_growth")]
+    return out, data, missed
+
+
+def section_replay(directory, problems):
+    data = {}
+    for path in sorted(glob.glob(os.path.join(directory, "replay-*.json"))):
+        d = load_json(path, problems)
+        if not isinstance(d, dict) or "ratio" not in d:
+            continue
+        data[d.get("impl", REPLAY_GVM)] = d
+    out = ["## GPT-2 trace replay (gvm-replay, gvm-replay-baseline)", ""]
+    notes = []
+    if not data:
+        out.append("No replay results.")
+        return out, data, notes
+    base = data.get(REPLAY_GVM, {})
+    rows = []
+    for impl in sorted(data, key=lambda n: (n != REPLAY_GVM, order_key(n))):
+        d = data[impl]
+        ns = d.get("ns_per_op")
+        ratio_vs = (ns / base["ns_per_op"]) if base.get("ns_per_op") and ns else None
+        mem_vs = (d["ratio"] / base["ratio"]) if base.get("ratio") and d.get("ratio") else None
+        rows.append([impl, "%.3f" % d["ratio"], fmt_ratio(mem_vs) if impl != REPLAY_GVM else "—",
+                     "%.2f" % (d.get("peak_reserved_bytes", 0) / 2**30),
+                     "%.2f" % (d.get("peak_live_bytes", 0) / 2**30),
+                     fmt_ns(ns), fmt_ratio(ratio_vs) if impl != REPLAY_GVM else "—"])
+        if impl in TORCH_TRACE_RATIO:
+            want = TORCH_TRACE_RATIO[impl]
+            if abs(d["ratio"] - want) > TORCH_RATIO_TOLERANCE * want:
+                notes.append(
+                    "%s replayed to %.3f reserved/live, not PyTorch's own %.3f on this trace "
+                    "(more than %d%% apart): the replay sees only raw_alloc_with_stream "
+                    "requests, without the tensors' size rounding, the autograd stream "
+                    "uses and the process's other allocations behind the recorded figure."
+                    % (impl, d["ratio"], want, TORCH_RATIO_TOLERANCE * 100))
+            else:
+                notes.append("%s replayed to %.3f reserved/live, within %d%% of PyTorch's own "
+                             "%.3f on this trace." % (impl, d["ratio"], TORCH_RATIO_TOLERANCE * 100,
+                                                      want))
+    first = next(iter(data.values()))
+    out.append("Trace %s: %s events. ratio = peak reserved ÷ peak live (sampled after every "
+               "event); ns/op = median wall time per allocate or free. \"vs gvmalloc\" = that "
+               "allocator's figure ÷ gvmalloc's." % (os.path.basename(first.get("trace", "?")),
+                                                     first.get("events", "?")))
+    out.append("")
+    out.append(table(["allocator", "ratio", "vs gvmalloc", "peak reserved GiB",
+                      "peak live GiB", "ns/op", "vs gvmalloc"], rows))
+    if notes:
+        out += [""] + ["- " + n for n in notes]
+    return out, data, notes
+
+
+def section_peer(res, errs):
+    out = ["## Peer access (gvm-bench-peer)", ""]
+    rows = []
+    for r in res:
+        if "ns" not in r:
+            continue
+        raw = r["raw"]
+        counters = ", ".join(
+            "%s=%.4g" % (k, v) for k, v in sorted(raw.items())
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in (
+                "real_time", "cpu_time", "iterations", "repetitions", "repetition_index",
+                "threads", "family_index", "per_family_instance_index"))
+        rows.append([strip_suffixes(r["run"]), fmt_ns(r["ns"]), counters])
+    if not rows:
+        out.append("No results" + skipped_note(errs, "BM_") + ".")
+        return out
+    out.append(table(["benchmark", "time", "counters"], rows))
+    out += ["", skipped_list(errs, "BM_")]
+    return out
+
+
+def skipped_note(errs, prefix):
+    n = len([k for k in errs if k.startswith(prefix)])
+    return " (%d variants skipped or failed, listed below)" % n if n else ""
+
+
+def skipped_list(errs, prefix):
+    items = sorted((k, v) for k, v in errs.items() if k.startswith(prefix))
+    if not items:
+        return ""
+    # One line per distinct reason keeps 30 "no CUDA device" lines readable.
+    by_reason = {}
+    for k, v in items:
+        by_reason.setdefault(v, []).append(strip_suffixes(k))
+    lines = ["Skipped or failed:"]
+    for reason, names in by_reason.items():
+        shown = ", ".join(names[:4]) + (" and %d more" % (len(names) - 4) if len(names) > 4 else "")
+        lines.append("- %s: %s" % (shown, reason))
+    return "\n".join(lines)
+
+
+# --- plots --------------------------------------------------------------------------
+
+
+def make_plots(directory, img_dir, pair, threads, growth, problems):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    os.makedirs(img_dir, exist_ok=True)
+    made = []
+
+    def save(fig, name):
+        path = os.path.join(img_dir, name)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        made.append(path)
+
+    if pair:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for impl in sorted(pair, key=order_key):
+            xs = sorted(pair[impl])
+            ax.plot(xs, [pair[impl][x] for x in xs], marker="o", label=impl)
+        ax.set(xscale="log", yscale="log", xlabel="bytes", ylabel="ns per alloc+free",
+               title="Alloc + free pair")
+        ax.legend()
+        save(fig, "pair.png")
+    if threads:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for impl in sorted(threads, key=order_key):
+            xs = sorted(threads[impl])
+            ax.plot(xs, [threads[impl][x] / 1e6 for x in xs], marker="o", label=impl)
+        ax.set(xscale="log", xlabel="threads", ylabel="M ops/s (all threads)",
+               title="Threads scaling")
+        ax.set_xticks(sorted({x for d in threads.values() for x in d}))
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.legend()
+        save(fig, "threads.png")
+    real_growth = [g for g in growth if g[0] == GVM] or growth
+    if real_growth:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        labels = ["%dM/%dG" % (c, g) for _, c, g, _ in real_growth]
+        xs = range(len(real_growth))
+        ax.bar([x - 0.2 for x in xs], [r.get("grow_ms", 0) for *_, r in real_growth], 0.4,
+               label="grow")
+        ax.bar([x + 0.2 for x in xs], [r.get("grow_driver_ms", 0) for *_, r in real_growth], 0.4,
+               label="driver calls alone")
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(labels, rotation=45)
+        ax.set(yscale="log", ylabel="ms", xlabel="max chunk / target",
+               title="Growth from empty (%s)" % real_growth[0][0])
+        ax.legend()
+        save(fig, "growth.png")
+    timelines = sorted(glob.glob(os.path.join(directory, "timeline-*.csv")))
+    if timelines:
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        live_drawn = False
+        for path in timelines:
+            name = os.path.basename(path)[len("timeline-"):-len(".csv")]
+            ev, live, res = [], [], []
+            try:
+                with open(path) as f:
+                    for row in csv.DictReader(l for l in f if not l.startswith("#")):
+                        ev.append(int(row["event"]))
+                        live.append(int(row["live_bytes"]) / 2**30)
+                        res.append(int(row["reserved_bytes"]) / 2**30)
+            except (OSError, KeyError, ValueError) as e:
+                problems.append("%s: unreadable (%s)" % (os.path.basename(path), e))
+                continue
+            if not live_drawn:
+                ax.plot(ev, live, color="black", linewidth=0.8, label="live (requested)")
+                live_drawn = True
+            ax.plot(ev, res, linewidth=1.0, label="reserved: " + name)
+        ax.set(xlabel="event", ylabel="GiB", title="GPT-2 trace: live and reserved bytes")
+        ax.legend()
+        save(fig, "timeline.png")
+    return made
+
+
+# --- main ---------------------------------------------------------------------------
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("results", nargs="?", default="bench-out")
+    ap.add_argument("--out", default=None, help="default: docs/benchmarks.md of this checkout")
+    ap.add_argument("--img", default=None, help="default: img/ next to --out")
+    ap.add_argument("--no-plots", action="store_true")
+    a = ap.parse_args()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out_path = a.out or os.path.join(root, "docs", "benchmarks.md")
+    img_dir = a.img or os.path.join(os.path.dirname(os.path.abspath(out_path)), "img")
+
+    directory = a.results
+    tmp = None
+    if os.path.isfile(directory) and tarfile.is_tarfile(directory):
+        tmp = tempfile.TemporaryDirectory()
+        with tarfile.open(directory) as t:
+            t.extractall(tmp.name)
+        directory = tmp.name
+    if not os.path.isdir(directory):
+        sys.exit("bench-report: no results directory %s (run tools/bench-all.sh)" % directory)
+
+    problems = []
+    env = load_json(os.path.join(directory, "env.json"), problems) if os.path.exists(
+        os.path.join(directory, "env.json")) else {}
+    env = env or {}
+    alloc, _ = bench_results(directory, "alloc*.json", problems)
+    mt, _ = bench_results(directory, "mt*.json", problems)
+    growth_res, _ = bench_results(directory, "growth*.json", problems)
+    peer_res, _ = bench_results(directory, "peer*.json", problems)
+    e_alloc = errors_of(directory, "alloc*.json", problems)
+    e_mt = errors_of(directory, "mt*.json", problems)
+    e_growth = errors_of(directory, "growth*.json", problems)
+    e_peer = errors_of(directory, "peer*.json", problems)
+
+    pair_md, pair = section_pair(alloc, e_alloc)
+    mixed_md, mixed = section_mixed(alloc, e_alloc)
+    thr_md, thr = section_threads(mt, e_mt)
+    growth_md, growth, growth_missed = section_growth(growth_res, e_growth)
+    replay_md, replay, replay_notes = section_replay(directory, problems)
+    peer_md = section_peer(peer_res, e_peer) if glob.glob(os.path.join(directory, "peer*.json")) \
+        else ["## Peer access (gvm-bench-peer)", "", "Not in this run."]
+
+    plots = None if a.no_plots else make_plots(directory, img_dir, pair, thr, growth, problems)
+
+    md = []
+    md.append("# Benchmarks: gvmalloc side by side with PyTorch's allocator and cudaMallocAsync")
+    md.append("")
+    md.append("<!-- Generated by tools/bench-report.py from the output of tools/bench-all.sh. "
+              "Do not edit by hand: rerun both. -->")
+    md.append("")
+    md.append("Every figure below was measured in one run of `tools/bench-all.sh` (each "
+              "baseline in the same binary as gvmalloc) and copied here by "
+              "`tools/bench-report.py`; none is typed by hand. Times are medians of the "
+              "repetitions the run asked for.")
+    md.append("")
+    md.append("| | |")
+    md.append("|---|---|")
+    for key, label in (("date", "date"), ("host", "machine"), ("gpu", "GPU"),
+                       ("driver_version", "NVIDIA driver"), ("cuda_version", "CUDA (driver API)"),
+                       ("cpu", "CPU"), ("nproc", "host cores"), ("torch_version", "PyTorch"),
+                       ("commit", "commit"), ("command", "command"), ("bench_args", "benchmark flags")):
+        md.append("| %s | %s |" % (label, str(env.get(key, "unknown")).replace("|", "\\|")))
+    md.append("")
+    md.append("## Targets")
+    md.append("")
+    md.append("- Growth and trim cost at most %g× the driver calls they make (growth table)." %
+              GROWTH_TARGET)
+    if growth_missed:
+        md.append("  **Missed** in %d case(s): %s." % (len(growth_missed), "; ".join(growth_missed)))
+    elif any(g[0] == GVM for g in growth):
+        md.append("  Met in every measured case.")
+    else:
+        md.append("  Not measured in this run (no gvm_cuda growth results).")
+    md.append("- The replay of PyTorch's allocator reproduces its recorded ratio on the "
+              "GPT-2 trace (1.945 default, 1.079 expandable segments, within %d%%)."
+              % (TORCH_RATIO_TOLERANCE * 100))
+    if not any(k in replay for k in TORCH_TRACE_RATIO):
+        md.append("  Not measured in this run.")
+    md.append("- gvmalloc reserves less per live byte than each baseline on the trace and "
+              "allocates faster than each baseline (ratios above 1× in every table).")
+    if replay.get(REPLAY_GVM):
+        worse = [k for k, d in replay.items() if k != REPLAY_GVM and d.get("ratio") and
+                 d["ratio"] < replay[REPLAY_GVM]["ratio"]]
+        if worse:
+            md.append("  **Missed** on memory: %s reserved less than gvmalloc (%.3f)." % (
+                ", ".join("%s %.3f" % (k, replay[k]["ratio"]) for k in worse),
+                replay[REPLAY_GVM]["ratio"]))
+    md.append("")
+    for part in (pair_md, mixed_md, thr_md, growth_md, replay_md, peer_md):
+        md += part + [""]
+    md.append("## Plots")
+    md.append("")
+    if plots is None:
+        md.append("Plots skipped: %s." % ("--no-plots" if a.no_plots else
+                                          "matplotlib is not installed where the report ran"))
+    elif not plots:
+        md.append("No plots: no data to draw.")
+    else:
+        rel = os.path.relpath(img_dir, os.path.dirname(os.path.abspath(out_path)))
+        for p in plots:
+            md.append("![%s](%s)" % (os.path.basename(p)[:-4], os.path.join(rel,
+                                                                          os.path.basename(p))))
+            md.append("")
+    if problems:
+        md += ["", "## Files that could not be read", ""] + ["- " + p for p in sorted(set(problems))]
+    md.append("")
+    md.append("## How to reproduce")
+    md.append("")
+    md.append("```")
+    md.append("tools/bench-all.sh            # on the GPU machine: builds build-gpu, writes bench-out/")
+    md.append("tools/bench-report.py bench-out")
+    md.append("```")
+    text = "\n".join(l for l in md if l is not None).rstrip() + "\n"
+    text = re.sub(r"\n{3,}", "\n\n", text)
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    with open(out_path, "w") as f:
+        f.write(text)
+    print("bench-report: wrote %s%s" % (
+        out_path, "" if plots is None else " and %d plot(s) in %s" % (len(plots), img_dir)))
+    if plots is None and not a.no_plots:
+        print("bench-report: plots skipped (no matplotlib); tables written")
+    if tmp:
+        tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
