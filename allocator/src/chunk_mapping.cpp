@@ -193,7 +193,11 @@ std::size_t DeviceHeap::release_cached(std::size_t want, bool all) {
 vmm::Result DeviceHeap::release_chunk_noexcept(std::uint32_t idx) noexcept {
   ChunkRec& c = chunks_[idx];
   const vmm::Result r = vmm_ ? c.mem.reset() : driver_.mem_free(device(), c.classic);
-  if (r != vmm::Result::success) return r;
+  // A cuMemRelease that fails after the cuMemUnmap went through leaves the
+  // range unmapped all the same: the books must say so, or the next block
+  // served from it faults (the fault sweep's trim / cuMemRelease case). The
+  // release is tried once more as the record is cleared below.
+  if (r != vmm::Result::success && !(vmm_ && c.mem.empty())) return r;
   if (vmm_) {
     for (std::uintptr_t g = c.addr; g < c.addr + c.size; g += kGranule) {
       if (PageEntry* e = pages_.find(g); e != nullptr) e->chunk = 0;
