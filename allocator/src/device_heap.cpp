@@ -253,7 +253,9 @@ void DeviceHeap::order_after(const StreamTags& tags, vmm::StreamHandle stream) {
       device_synced = r == vmm::Result::success;
     }
     if (r != vmm::Result::success)
-      throw vmm::DriverError(r, "stream-order wait on device " + std::to_string(device()));
+      // Only the fallback's sync can fail here: name it.
+      throw vmm::DriverError(r, "cuCtxSynchronize in the stream-order wait on device " +
+                                    std::to_string(device()));
     ++cross_stream_waits_;
   };
   if (tags.all()) {

@@ -19,19 +19,23 @@ void Fence::wait(const std::vector<StreamRef>& streams) {
   ++count_;
   for (const StreamRef& s : streams) {
     vmm::Event& e = event_for(s.device);
+    // The message names the call that failed (the one to look up).
+    const char* call = "cuEventRecord";
     vmm::Result r = e.record(s.stream);
-    if (r == vmm::Result::success) r = e.synchronize();
+    if (r == vmm::Result::success) call = "cuEventSynchronize", r = e.synchronize();
     if (r == vmm::Result::invalid_handle || r == vmm::Result::invalid_value ||
         r == vmm::Result::invalid_context) {
       // The stream is gone, or is not a stream of this device (a peer's
       // stream recorded on a block): which device its work runs on is
       // unknown, so wait for every device, which covers whatever it queued.
       r = vmm::Result::success;
+      call = "cuCtxSynchronize";
       for (std::size_t d = 0; d < events_.size() && r == vmm::Result::success; ++d)
         r = driver_.ctx_synchronize(static_cast<int>(d));
     }
     if (r != vmm::Result::success)
-      throw vmm::DriverError(r, "fence on device " + std::to_string(s.device));
+      throw vmm::DriverError(r, std::string(call) + " in the fence on device " +
+                                    std::to_string(s.device));
   }
 }
 
