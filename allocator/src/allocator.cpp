@@ -13,10 +13,6 @@
 namespace gvm {
 namespace {
 
-// Requests above this are not sizes but bugs (a negative ssize_t seen as
-// unsigned, say): no GPU has 128 TiB.
-constexpr std::size_t kAbsurdBytes = std::size_t{1} << 47;
-
 std::string hex(const void* p) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%p", p);
@@ -36,7 +32,7 @@ void* Allocator::allocate(std::size_t bytes, int device, vmm::StreamHandle strea
   if (bytes == 0)
     throw usage_error("gvmalloc: allocate(0 bytes) on device " + std::to_string(device) +
                       ": a block must have at least 1 byte");
-  if (bytes > kAbsurdBytes)
+  if (bytes > detail::kAbsurdBytes)
     throw usage_error("gvmalloc: allocate(" + std::to_string(bytes) + " bytes) on device " +
                       std::to_string(device) +
                       ": not a size any GPU can hold (a negative size converted to unsigned?)");

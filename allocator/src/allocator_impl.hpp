@@ -18,6 +18,10 @@
 namespace gvm {
 namespace detail {
 
+// Requests above this are not sizes but bugs (a negative ssize_t seen as
+// unsigned, say): no GPU has 128 TiB.
+inline constexpr std::size_t kAbsurdBytes = std::size_t{1} << 47;
+
 // The last (allocator, device, stream) -> cache lookup of this thread. The
 // allocator id is never reused, so a stale slot can never match.
 struct CacheSlot {
@@ -109,6 +113,10 @@ class Allocator::Impl {
   PeerPolicy policy(int owner, int peer) const {
     return policy_[static_cast<std::size_t>(owner) * caps_.size() + static_cast<std::size_t>(peer)];
   }
+  // Throws usage_error when [addr, addr + bytes) lies in gvmalloc's memory
+  // but not inside one live block of `device` (peer_copy's arguments).
+  void check_copy_side(std::uintptr_t addr, std::size_t bytes, int device,
+                       const char* side) const;
   // The heap (arena or scratch) of `device` that holds addr, or null.
   detail::DeviceHeap* heap_holding(int device, std::uintptr_t addr) const;
 

@@ -70,12 +70,36 @@ detail::DeviceHeap* Allocator::Impl::heap_holding(int device, std::uintptr_t add
   return nullptr;
 }
 
+void Allocator::Impl::check_copy_side(std::uintptr_t addr, std::size_t bytes, int device,
+                                      const char* side) const {
+  // Memory gvmalloc did not hand out is the caller's business; a range in
+  // gvmalloc's memory must lie inside one live block of the named device. A
+  // copy that runs past its block reaches unmapped memory (or another
+  // block): on the device that is an illegal address, which kills the
+  // context for every stream, so it is refused here.
+  const int owner = owner_of(addr);
+  if (owner < 0) return;
+  const auto say = [&](const std::string& why) {
+    throw usage_error("gvmalloc: peer_copy(" + std::to_string(bytes) + " bytes): the " + side +
+                      " " + std::to_string(addr) + " " + why);
+  };
+  if (owner != device)
+    say("belongs to device " + std::to_string(owner) + ", not device " + std::to_string(device));
+  // kAbsurdBytes first: addr + bytes must not wrap in the block test.
+  if (bytes > detail::kAbsurdBytes || !heap_holding(owner, addr)->is_live_block(addr, bytes))
+    say("is not inside one live block for the whole range");
+}
+
 void* Allocator::scratch_allocate(std::size_t bytes, int device, vmm::StreamHandle stream) {
   Impl& im = *impl_;
   im.check_device(device, "scratch_allocate");
   if (bytes == 0)
     throw usage_error("gvmalloc: scratch_allocate(0 bytes) on device " + std::to_string(device) +
                       ": a block must have at least 1 byte");
+  if (bytes > detail::kAbsurdBytes)
+    throw usage_error("gvmalloc: scratch_allocate(" + std::to_string(bytes) + " bytes) on device " +
+                      std::to_string(device) +
+                      ": not a size any GPU can hold (a negative size converted to unsigned?)");
   if (bytes > im.caps_[static_cast<std::size_t>(device)].total_memory)
     throw out_of_memory("gvmalloc: out of memory on device " + std::to_string(device) +
                         ": scratch_allocate(" + detail::format_bytes(bytes) +
@@ -189,7 +213,10 @@ void Allocator::peer_copy(void* dst, int dst_device, const void* src, int src_de
   if (bytes == 0) return;
   const auto s = reinterpret_cast<std::uintptr_t>(src);
   const auto d = reinterpret_cast<std::uintptr_t>(dst);
+  im.check_copy_side(s, bytes, src_device, "source");
+  im.check_copy_side(d, bytes, dst_device, "destination");
   vmm::Result r;
+  const char* call = "cuMemcpyAsync";  // named in the message
   if (src_device == dst_device) {
     r = im.driver_.memcpy_async(dst_device, d, s, bytes, stream);
   } else {
@@ -206,11 +233,13 @@ void Allocator::peer_copy(void* dst, int dst_device, const void* src, int src_de
       im.existing_scratch(src_device)->note_use(s, detail::StreamRef{dst_device, stream});
       r = im.driver_.memcpy_async(dst_device, d, s, bytes, stream);
     } else {
+      call = "cuMemcpyPeerAsync";
       r = im.driver_.memcpy_peer_async(d, dst_device, s, src_device, bytes, stream);
     }
   }
   if (r != vmm::Result::success)
-    throw vmm::DriverError(r, "peer_copy(" + std::to_string(bytes) + " bytes, device " +
+    throw vmm::DriverError(r, std::string(call) + " in peer_copy(" + std::to_string(bytes) +
+                                  " bytes, device " +
                                   std::to_string(src_device) + " -> " +
                                   std::to_string(dst_device) + ")");
 }
