@@ -488,6 +488,20 @@ def main():
               "`tools/bench-report.py`; none is typed by hand. Times are medians of the "
               "repetitions the run asked for.")
     md.append("")
+    if not (alloc or mt or growth_res or peer_res or replay):
+        md.append("**No results yet**: generated from a results directory without any; run "
+                  "`tools/bench-all.sh` on the GPU machine, then this script on its output.")
+        md.append("")
+    md.append("Allocators: `gvm_cuda` (gvmalloc on the CUDA driver), `torch` (PyTorch's "
+              "CUDACachingAllocator through `raw_alloc_with_stream` / `raw_delete` of "
+              "libc10_cuda), `torch_expandable` (the same with "
+              "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, a second run of each "
+              "binary), `cudaMallocAsync` (the device's pool, release threshold UINT64_MAX), "
+              "`cudaMalloc`, and `gvm_sim_h200` (gvmalloc on a simulated H200: CPU cost only). "
+              "CMake builds the torch baseline when `python3 -c 'import torch'` works, from "
+              "that package's `include/` and `lib/libc10*.so`; elsewhere those variants are "
+              "skipped with the reason.")
+    md.append("")
     md.append("| | |")
     md.append("|---|---|")
     for key, label in (("date", "date"), ("host", "machine"), ("gpu", "GPU"),
@@ -520,6 +534,23 @@ def main():
             md.append("  **Missed** on memory: %s reserved less than gvmalloc (%.3f)." % (
                 ", ".join("%s %.3f" % (k, replay[k]["ratio"]) for k in worse),
                 replay[REPLAY_GVM]["ratio"]))
+        faster = []
+        for impl, d in replay.items():
+            if impl != REPLAY_GVM and d.get("ns_per_op") and d["ns_per_op"] < replay[
+                    REPLAY_GVM].get("ns_per_op", 0):
+                faster.append("replay %s %s" % (impl, fmt_ns(d["ns_per_op"])))
+        for impl, ns in mixed.items():
+            if impl not in (GVM, "gvm_sim_h200") and GVM in mixed and ns < mixed[GVM]:
+                faster.append("mixed %s %s" % (impl, fmt_ns(ns)))
+        for impl, by_size in pair.items():
+            for size, ns in sorted(by_size.items()):
+                base = pair.get(GVM, {}).get(size)
+                if impl not in (GVM, "gvm_sim_h200") and base and ns < base:
+                    faster.append("pair %s %s %s" % (fmt_bytes(size), impl, fmt_ns(ns)))
+        if faster:
+            md.append("  **Missed** on time: faster than gvmalloc: %s." % "; ".join(faster))
+    else:
+        md.append("  Not measured in this run (no gvmalloc replay).")
     md.append("")
     for part in (pair_md, mixed_md, thr_md, growth_md, replay_md, peer_md):
         md += part + [""]

@@ -60,6 +60,7 @@ def main():
             median("BM_pair/gvm_cuda/256/real_time", 50.0), mean("BM_pair/gvm_cuda/256/real_time", 50.0),
             median("BM_pair/cudaMallocAsync/256/real_time", 1.5, time_unit="us"),
             median("BM_pair/gvm_cuda/1048576/real_time", 80.0),
+            median("BM_pair/cudaMallocAsync/1048576/real_time", 60.0),
             median("BM_mixed/gvm_cuda/real_time", 700.0, time_per_op=3.5e-7),
             median("BM_mixed/torch/real_time", 1400.0, time_per_op=7.0e-7),
             error("BM_mixed/cudaMalloc/real_time", "no CUDA device (fake reason)"),
@@ -116,6 +117,8 @@ def main():
         check("3.00×" in text and "1.20×" in text, "growth ratios")
         check("**Missed** in 1 case(s): grow 64 GiB with 2 MiB chunks" in text,
               "missed growth target flagged with the measured figure")
+        check("**Missed** on time: faster than gvmalloc: pair 1 MiB cudaMallocAsync 60 ns" in text,
+              "a baseline faster than gvmalloc is flagged")
         # Replay: ratios vs gvmalloc, and the torch-mode check in both directions.
         check("| gvmalloc | 1.026 |" in text, "gvmalloc replay row")
         check("| torch | 1.945 | 1.90× |" in text, "torch replay ratio vs gvmalloc")
