@@ -1,0 +1,292 @@
+"""GPU workloads for the Python tests, one per process: the allocator must be
+chosen before CUDA starts, so each run is a fresh interpreter.
+
+    python _workloads.py train native|gvm
+    python _workloads.py infer native|gvm
+    python _workloads.py mempool
+    python _workloads.py scratch_peer
+    python _workloads.py dist
+    python _workloads.py cupy
+
+Each prints what it measured, then one line "GVM_RESULT <json>" for the test.
+"""
+
+import gc
+import json
+import os
+import random
+import socket
+import statistics
+import sys
+import time
+
+MiB = 1 << 20
+
+
+def result(**kw):
+    print("GVM_RESULT " + json.dumps(kw), flush=True)
+
+
+def setup_torch(allocator):
+    import torch
+    if allocator == "gvm":
+        import gvmalloc.torch
+        gvmalloc.torch.enable()
+    elif allocator != "native":
+        raise SystemExit("allocator must be native or gvm, not %r" % allocator)
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    # The math attention: composed of deterministic kernels, in every torch build.
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    torch.backends.cuda.enable_math_sdp(True)
+    return torch
+
+
+def peak_reserved(torch, allocator):
+    if allocator == "gvm":
+        import gvmalloc
+        return gvmalloc.max_memory_reserved(0)
+    return torch.cuda.max_memory_reserved(0)
+
+
+def gpt2(torch, **overrides):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(**overrides)  # GPT-2 small (124M) unless overridden; random init
+    return GPT2LMHeadModel(cfg).cuda(), cfg
+
+
+def train(allocator, steps=32):
+    torch = setup_torch(allocator)
+    model, cfg = gpt2(torch)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    rng = random.Random(1234)
+    gen = torch.Generator().manual_seed(42)
+    losses, times = [], []
+    for step in range(steps):
+        batch = rng.choice([2, 4, 6, 8, 12, 16])
+        seq = rng.randint(64, 1024)
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).cuda()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+        print("%s step %2d batch %2d seq %4d loss %.6f (%s)"
+              % (allocator, step, batch, seq, losses[-1], losses[-1].hex()), flush=True)
+    peak = peak_reserved(torch, allocator)
+    med = statistics.median(times[1:])
+    print("%s: peak reserved %.1f MiB, median step %.2f ms" % (allocator, peak / MiB, med * 1e3))
+    result(allocator=allocator, losses=[x.hex() for x in losses], peak_reserved=peak,
+           median_step_s=med)
+
+
+def infer(allocator, steps=24):
+    import hashlib
+    torch = setup_torch(allocator)
+    model, cfg = gpt2(torch)
+    model.eval()
+    rng = random.Random(99)
+    gen = torch.Generator().manual_seed(7)
+    digests = []
+    with torch.no_grad():
+        for step in range(steps):
+            batch = rng.choice([1, 2, 3, 5, 8, 13, 21])
+            seq = rng.randint(1, 768)
+            ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).cuda()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = model(input_ids=ids, use_cache=False).logits
+            # Greedy continuation by a few tokens: more shapes, outputs that depend on outputs.
+            for _ in range(3):
+                nxt = logits[:, -1, :].argmax(dim=-1, keepdim=True)
+                ids = torch.cat([ids, nxt], dim=1)
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    logits = model(input_ids=ids, use_cache=False).logits
+            data = logits.float().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+            digests.append(hashlib.sha256(data + ids.cpu().numpy().tobytes()).hexdigest())
+            print("%s step %2d batch %2d seq %3d logits sum %.6f %s"
+                  % (allocator, step, batch, seq, logits.float().sum().item(), digests[-1][:16]))
+    result(allocator=allocator, digests=digests, peak_reserved=peak_reserved(torch, allocator))
+
+
+def mempool():
+    import torch
+    import gvmalloc
+    import gvmalloc.torch as gt
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    x = torch.randn(1024, 1024, device="cuda")  # native
+    pool = gt.mem_pool()
+    base = gvmalloc.memory_reserved(0)
+    allocs_before = gvmalloc.device_stats(0)["allocations"]
+    sizes = [(257, 1031), (2048, 4096), (4096, 4096), (333, 12345), (8192, 1024)]
+    pooled, live_in_pool = [], None
+    with torch.cuda.use_mem_pool(pool):
+        for i, (m, n) in enumerate(sizes):
+            g = torch.Generator(device="cuda").manual_seed(i)
+            a = torch.randn(m, n, device="cuda", generator=g)
+            pooled.append((a @ a.T).sum(dim=1))
+        live_in_pool = gvmalloc.device_stats(0)
+    allocs_in_pool = live_in_pool["allocations"] - allocs_before
+    y = torch.randn(2048, 2048, device="cuda")  # native again, outside the pool
+    after_native = gvmalloc.device_stats(0)["allocations"]
+    # The same program on PyTorch's allocator: the same results, bit for bit.
+    for i, (m, n) in enumerate(sizes):
+        g = torch.Generator(device="cuda").manual_seed(i)
+        a = torch.randn(m, n, device="cuda", generator=g)
+        assert torch.equal((a @ a.T).sum(dim=1), pooled[i]), "pooled result %d differs" % i
+    del pooled, a, g
+    gc.collect()
+    torch.cuda.synchronize()
+    reserved_with_pool = gvmalloc.memory_reserved(0)
+    del pool
+    gc.collect()
+    torch.cuda.synchronize()
+    reserved_after_pool = gvmalloc.memory_reserved(0)
+    torch.cuda.empty_cache()
+    gvmalloc.empty_cache()
+    reserved_after_empty = gvmalloc.memory_reserved(0)
+    print("mempool: base %d, in pool %d live / %d reserved (%d allocations), pool kept %d, "
+          "pool dead %d, after empty_cache %d; native tensors %s"
+          % (base, live_in_pool["live_bytes"], live_in_pool["reserved_bytes"], allocs_in_pool,
+             reserved_with_pool, reserved_after_pool, reserved_after_empty,
+             tuple(x.shape) + tuple(y.shape)))
+    result(base=base, allocs_in_pool=allocs_in_pool, reserved_in_pool=live_in_pool["reserved_bytes"],
+           allocs_outside=after_native - live_in_pool["allocations"],
+           reserved_after_pool=reserved_after_pool, reserved_after_empty=reserved_after_empty)
+
+
+def scratch_peer():
+    import torch
+    import gvmalloc
+    import gvmalloc.torch as gt
+    gt.enable()
+    n = (48 * MiB) // 4 + 123
+    frees0 = gvmalloc.device_stats(0)["frees"]
+    x = gt.scratch_tensor((n,), torch.float32, 0)
+    assert x.device == torch.device("cuda", 0) and x.shape == (n,)
+    x.copy_(torch.arange(n, device="cuda:0", dtype=torch.float32))
+    ready = torch.cuda.Event()
+    ready.record(torch.cuda.current_stream(0))
+    s1 = torch.cuda.Stream(device=1)
+    s1.wait_event(ready)
+    with torch.cuda.device(1), torch.cuda.stream(s1):
+        # A read by device 1, on a device-1 stream: gvm_peer_copy reads the scratch
+        # directly when the policy admits device 1 (staged by the driver otherwise).
+        direct = torch.empty(n, device="cuda:1", dtype=torch.float32)
+        gvmalloc.peer_copy(direct.data_ptr(), 1, x.data_ptr(), 0, n * 4, s1.cuda_stream)
+        # PyTorch's own cross-device copy from the scratch tensor.
+        via_torch = torch.empty(n, device="cuda:1", dtype=torch.float32)
+        via_torch.copy_(x)
+        gt.record_stream(x, s1)
+        ok_direct = torch.equal(direct, torch.arange(n, device="cuda:1", dtype=torch.float32))
+        ok_torch = torch.equal(via_torch, torch.arange(n, device="cuda:1", dtype=torch.float32))
+    s1.synchronize()
+    stats0 = gvmalloc.device_stats(0)
+    policy = gvmalloc.peer_policy(0, 1)
+    view = x[1000:]
+    del x
+    gc.collect()
+    frees_view_alive = gvmalloc.device_stats(0)["frees"] - frees0
+    del view
+    gc.collect()
+    frees_after = gvmalloc.device_stats(0)["frees"] - frees0
+    print("scratch: policy(0->1) %s, scratch reserved %d, direct ok %s, torch copy ok %s, "
+          "frees with a view alive %d, after %d"
+          % (policy, stats0["scratch_reserved_bytes"], ok_direct, ok_torch, frees_view_alive,
+             frees_after))
+    result(policy=policy, scratch_reserved=stats0["scratch_reserved_bytes"], ok_direct=ok_direct,
+           ok_torch=ok_torch, frees_view_alive=frees_view_alive, frees_after=frees_after)
+
+
+def _dist_rank(rank, world, port, iterations, out):
+    import torch
+    import torch.distributed as dist
+    import gvmalloc
+    import gvmalloc.torch as gt
+    gt.enable()
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
+                            world_size=world, device_id=torch.device("cuda", rank))
+    rng = random.Random(5)  # the same sizes on every rank
+    checked = 0
+    for it in range(iterations):
+        n = rng.randint(1, 3 * MiB)
+        dtype = rng.choice([torch.float32, torch.int64, torch.bfloat16])
+        base = torch.arange(n, device="cuda", dtype=torch.int64) % 4096
+        x = (base * (rank + 1)).to(dtype)
+        dist.all_reduce(x)
+        want = (base * sum(r + 1 for r in range(world))).to(dtype)
+        assert torch.equal(x, want), "all_reduce %d (n=%d, %s) wrong on rank %d" % (it, n, dtype, rank)
+        parts = [torch.empty(n, device="cuda", dtype=dtype) for _ in range(world)]
+        dist.all_gather(parts, (base + rank).to(dtype))
+        for r, p in enumerate(parts):
+            assert torch.equal(p, (base + r).to(dtype)), "all_gather %d wrong on rank %d" % (it, rank)
+        checked += 1
+    torch.cuda.synchronize()
+    s = gvmalloc.device_stats(rank)
+    dist.destroy_process_group()
+    with open(os.path.join(out, "rank%d.json" % rank), "w") as f:
+        json.dump({"rank": rank, "checked": checked, "allocations": s["allocations"],
+                   "peak_reserved": s["peak_reserved_bytes"]}, f)
+
+
+def dist_run(iterations=60):
+    import tempfile
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as out:
+        mp.spawn(_dist_rank, args=(2, port, iterations, out), nprocs=2, join=True)
+        ranks = [json.load(open(os.path.join(out, "rank%d.json" % r))) for r in range(2)]
+    for r in ranks:
+        print("dist rank %d: %d iterations checked, %d gvmalloc allocations, peak reserved %.1f MiB"
+              % (r["rank"], r["checked"], r["allocations"], r["peak_reserved"] / MiB))
+    result(ranks=ranks, iterations=iterations)
+
+
+def cupy_run(iterations=40):
+    import cupy
+    import numpy
+    import gvmalloc
+    import gvmalloc.cupy as gc_
+    gc_.enable()
+    rng = numpy.random.default_rng(0)
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]  # alive to the end
+    worst_fft = worst_mm = 0.0
+    for i in range(iterations):
+        stream = streams[i % 2] if i % 3 == 0 else cupy.cuda.Stream.null
+        with stream:
+            n = int(rng.integers(100, 200_000))
+            a = rng.standard_normal(n) + 1j * rng.standard_normal(n)
+            f = cupy.fft.fft(cupy.asarray(a)).get()
+            ref = numpy.fft.fft(a)
+            worst_fft = max(worst_fft, float(numpy.max(numpy.abs(f - ref)) / numpy.max(numpy.abs(ref))))
+            m, k, p = (int(v) for v in rng.integers(1, 700, size=3))
+            A, B = rng.standard_normal((m, k)), rng.standard_normal((k, p))
+            C = (cupy.asarray(A) @ cupy.asarray(B)).get()
+            ref = A @ B
+            worst_mm = max(worst_mm, float(numpy.max(numpy.abs(C - ref)) / (numpy.max(numpy.abs(ref)) + 1e-300)))
+        stream.synchronize()
+    s = gvmalloc.device_stats(0)
+    cupy.fft.config.get_plan_cache().clear()
+    print("cupy: %d iterations, worst relative error fft %.2e matmul %.2e; gvmalloc %d allocations, "
+          "%d frees, peak reserved %.1f MiB"
+          % (iterations, worst_fft, worst_mm, s["allocations"], s["frees"],
+             s["peak_reserved_bytes"] / MiB))
+    result(worst_fft=worst_fft, worst_mm=worst_mm, allocations=s["allocations"], frees=s["frees"])
+
+
+if __name__ == "__main__":
+    mode, rest = sys.argv[1], sys.argv[2:]
+    {"train": lambda: train(*rest), "infer": lambda: infer(*rest), "mempool": mempool,
+     "scratch_peer": scratch_peer, "dist": dist_run, "cupy": cupy_run}[mode]()

@@ -1,0 +1,89 @@
+"""gvmalloc inside PyTorch on real GPUs. Each workload runs in its own
+interpreter (tests/python/_workloads.py): PyTorch's allocator can be chosen
+only before CUDA starts. Skipped without torch, transformers or GPUs.
+Run with tools/python-tests.sh <build dir> (pytest -s shows the measurements)."""
+
+import os
+import unittest
+
+import _support
+
+NO_TORCH = not _support.have("torch")
+NO_TRANSFORMERS = not _support.have("transformers")
+NO_LIBRARY = not os.environ.get("GVMALLOC_LIBRARY")
+
+
+def need_gpus(n, transformers=False):
+    if NO_LIBRARY:
+        return unittest.skip("GVMALLOC_LIBRARY is not set (tools/python-tests.sh sets it)")
+    if NO_TORCH:
+        return unittest.skip("torch is not installed")
+    if transformers and NO_TRANSFORMERS:
+        return unittest.skip("transformers is not installed")
+    if _support.gpus() < n:
+        return unittest.skip("needs %d CUDA GPU(s), torch sees %d" % (n, _support.gpus()))
+    return lambda f: f
+
+
+class Training(unittest.TestCase):
+    @need_gpus(1, transformers=True)
+    def test_gpt2_training_matches_native_bit_for_bit_with_less_reserved(self):
+        native = _support.run_workload("train", "native")
+        gvm = _support.run_workload("train", "gvm")
+        print("\nlosses native: %s\nlosses gvm:    %s" % (native["losses"], gvm["losses"]))
+        print("peak reserved: native %.1f MiB, gvmalloc %.1f MiB (%.3fx)"
+              % (native["peak_reserved"] / 2**20, gvm["peak_reserved"] / 2**20,
+                 gvm["peak_reserved"] / native["peak_reserved"]))
+        print("median step: native %.2f ms, gvmalloc %.2f ms (not asserted)"
+              % (native["median_step_s"] * 1e3, gvm["median_step_s"] * 1e3))
+        self.assertGreaterEqual(len(native["losses"]), 30)
+        self.assertEqual(native["losses"], gvm["losses"])
+        self.assertGreater(gvm["peak_reserved"], 0)
+        self.assertLess(gvm["peak_reserved"], native["peak_reserved"])
+
+
+class Inference(unittest.TestCase):
+    @need_gpus(1, transformers=True)
+    def test_gpt2_dynamic_shapes_give_the_native_outputs(self):
+        native = _support.run_workload("infer", "native")
+        gvm = _support.run_workload("infer", "gvm")
+        print("\npeak reserved: native %.1f MiB, gvmalloc %.1f MiB"
+              % (native["peak_reserved"] / 2**20, gvm["peak_reserved"] / 2**20))
+        self.assertEqual(len(native["digests"]), len(gvm["digests"]))
+        for i, (a, b) in enumerate(zip(native["digests"], gvm["digests"])):
+            self.assertEqual(a, b, "step %d: outputs differ" % i)
+
+
+class MemPoolRoute(unittest.TestCase):
+    @need_gpus(1)
+    def test_pool_results_are_native_and_its_memory_goes_back(self):
+        r = _support.run_workload("mempool")
+        self.assertGreater(r["allocs_in_pool"], 0)
+        self.assertGreater(r["reserved_in_pool"], 0)
+        self.assertEqual(r["allocs_outside"], 0, "a tensor outside the pool came from gvmalloc")
+        self.assertEqual(r["reserved_after_empty"], r["base"])
+
+
+class ScratchTensor(unittest.TestCase):
+    @need_gpus(2)
+    def test_device_1_reads_a_scratch_tensor_of_device_0(self):
+        r = _support.run_workload("scratch_peer")
+        self.assertGreater(r["scratch_reserved"], 0)
+        self.assertTrue(r["ok_direct"], "gvm_peer_copy on a device-1 stream read wrong data")
+        self.assertTrue(r["ok_torch"], "torch's copy to device 1 read wrong data")
+        self.assertEqual(r["frees_view_alive"], 0, "freed while a view was alive")
+        self.assertEqual(r["frees_after"], 1, "not freed exactly once")
+
+
+class Distributed(unittest.TestCase):
+    @need_gpus(2)
+    def test_nccl_all_reduce_and_all_gather_with_gvmalloc_in_each_rank(self):
+        r = _support.run_workload("dist", env={"TORCH_NCCL_AVOID_RECORD_STREAMS": "1"})
+        self.assertEqual(len(r["ranks"]), 2)
+        for rank in r["ranks"]:
+            self.assertEqual(rank["checked"], r["iterations"])
+            self.assertGreater(rank["allocations"], 0, "rank %d did not use gvmalloc" % rank["rank"])
+
+
+if __name__ == "__main__":
+    unittest.main()

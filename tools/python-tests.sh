@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# tools/python-tests.sh: the Python tests (tests/python) against a build tree.
+#
+#   tools/python-tests.sh [BUILD_DIR] [pytest args...]     (BUILD_DIR: build-gpu)
+#
+# Sets GVMALLOC_LIBRARY to BUILD_DIR/allocator/libgvmalloc.so and PYTHONPATH to
+# integrations/python, runs pytest (-s: the tests print losses, peak reserved and
+# step times), and ends with pytest's short summary. Without a GPU, torch or
+# cupy the GPU tests are skipped with the reason; the CPU tests run anywhere.
+# NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Uses no network.
+set -u -o pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${1:-build-gpu}
+[ $# -gt 0 ] && shift
+case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
+LIB="$BUILD/allocator/libgvmalloc.so"
+if [ ! -f "$LIB" ]; then
+  echo "python-tests: $LIB not found; build first: cmake --build $BUILD --target gvmalloc" >&2
+  exit 2
+fi
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c "import pytest" 2>/dev/null; then
+  echo "python-tests: pytest is not installed for $PYTHON" >&2
+  exit 2
+fi
+
+export GVMALLOC_LIBRARY="$LIB"
+export PYTHONPATH="$ROOT/integrations/python${PYTHONPATH:+:$PYTHONPATH}"
+export NCCL_NVLS_ENABLE=0
+export CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8}
+export PYTHONDONTWRITEBYTECODE=1
+
+cd "$ROOT/tests/python" || exit 2
+LOG=$(mktemp)
+trap 'rm -f "$LOG"' EXIT
+start=$SECONDS
+"$PYTHON" -m pytest -s -rsfE -p no:cacheprovider "$@" . 2>&1 | tee "$LOG"
+rc=${PIPESTATUS[0]}
+
+echo
+echo "=== python-tests summary ($BUILD, $((SECONDS - start)) s)"
+grep -E "^(losses|peak reserved|median step|mempool:|scratch:|dist rank|cupy:)" "$LOG"
+grep -E "^(SKIPPED|FAILED|ERROR) " "$LOG"
+tail -n 1 "$LOG"
+exit "$rc"
