@@ -89,7 +89,7 @@ void DeviceHeap::ensure_mapped(Block* b) {
     // a workload whose live bytes swing below their peak would otherwise
     // release and re-map chunks on every swing (measured on the mixed
     // workload: 42k chunk maps in 2M operations).
-    const double live_after = static_cast<double>(live_.load(std::memory_order_relaxed)) +
+    const double live_after = static_cast<double>(live_total()) +
                               static_cast<double>(b->size);
     const double peak = std::max(live_after, static_cast<double>(peak_live_.load()));
     const auto bound = static_cast<std::size_t>(peak * (1.0 + config_.reserve_slack));
@@ -254,7 +254,7 @@ void DeviceHeap::release_unused_regions() {
 
 void DeviceHeap::maybe_release_above_threshold() {
   if (kind_ == Kind::scratch || config_.release_threshold_bytes == SIZE_MAX) return;
-  const auto live = static_cast<std::size_t>(std::max<std::int64_t>(0, live_.load()));
+  const auto live = static_cast<std::size_t>(std::max<std::int64_t>(0, live_total()));
   const std::size_t cached = reserved_ > live ? reserved_ - live : 0;
   if (cached <= config_.release_threshold_bytes) return;
   try {

@@ -150,7 +150,7 @@ void DeviceHeap::add_region(std::size_t min_bytes, std::size_t alignment,
     if (cap != 0 && reserved_ + size > cap) release_cached(reserved_ + size - cap, false);
     if (config_.reserve_slack >= 0.0) {
       // The same bound as the VMM path (ensure_mapped), by whole segments.
-      const double live_after = static_cast<double>(live_.load(std::memory_order_relaxed)) +
+      const double live_after = static_cast<double>(live_total()) +
                                 static_cast<double>(min_bytes);
       const auto bound = static_cast<std::size_t>(live_after * (1.0 + config_.reserve_slack));
       if (reserved_ + size > bound) release_cached(reserved_ + size - bound, false);
@@ -403,7 +403,10 @@ void* DeviceHeap::allocate_large(std::size_t bytes, vmm::StreamHandle stream) {
       link_start(b);
       large_live_ += size;
       ++large_allocations_;
-      add_live(static_cast<std::int64_t>(size));
+      large_live_bytes_.store(large_live_bytes_.load(std::memory_order_relaxed) +
+                                  static_cast<std::int64_t>(size),
+                              std::memory_order_relaxed);
+      refresh_peak();
       return reinterpret_cast<void*>(b->addr);
     } catch (const out_of_memory&) {
       // Empty spans kept by the stream caches are cached memory too, but the
@@ -445,7 +448,9 @@ bool DeviceHeap::deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamH
     }
     large_live_ -= b->size;
     ++large_frees_;
-    add_live(-static_cast<std::int64_t>(b->size));
+    large_live_bytes_.store(
+        large_live_bytes_.load(std::memory_order_relaxed) - static_cast<std::int64_t>(b->size),
+        std::memory_order_relaxed);
     free_block(b, stream);
     maybe_release_above_threshold();
   }
@@ -482,7 +487,7 @@ void DeviceHeap::record_stream(std::uintptr_t addr, vmm::StreamHandle stream) {
 void DeviceHeap::throw_oom(std::size_t bytes, const char* why) {
   std::size_t free_bytes = 0, total_bytes = 0;
   const bool have_info = driver_.mem_get_info(device(), &free_bytes, &total_bytes) == vmm::Result::success;
-  const auto live = static_cast<std::size_t>(std::max<std::int64_t>(0, live_.load()));
+  const auto live = static_cast<std::size_t>(std::max<std::int64_t>(0, live_total()));
   std::string msg = "gvmalloc: out of memory on device " + std::to_string(device()) + " (" +
                     caps_.name + "): tried to allocate " + format_bytes(bytes) + " (limited by " +
                     why + "); " + format_bytes(live) + " live, " +

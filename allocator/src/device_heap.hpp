@@ -63,7 +63,13 @@ struct StreamCache {
   std::uint64_t allocations = 0;
   std::uint64_t frees = 0;
   std::uint64_t hits = 0;
-  std::int64_t live_bytes = 0;
+  // Small-block bytes live from this cache: written under its lock (a plain
+  // load and store, no read-modify-write), read by anyone.
+  std::atomic<std::int64_t> live_bytes{0};
+  // Above this many live bytes this cache may be setting a new device peak:
+  // DeviceHeap::refresh_peak then sums every cache. Below it, the hot path
+  // touches nothing shared (see refresh_peak).
+  std::atomic<std::int64_t> peak_watermark{-1};
 };
 
 class DeviceHeap {
@@ -199,7 +205,11 @@ class DeviceHeap {
   std::size_t reclaim_spans();
   void free_small(Span* s, std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream);
 
-  void add_live(std::int64_t delta) noexcept;
+  // Live bytes: large blocks plus every cache's small blocks.
+  std::int64_t live_total() const noexcept;
+  // Sums the live bytes, raises the peak, and gives every cache the
+  // watermark at which it could pass the peak given the others' bytes now.
+  void refresh_peak() noexcept;
 
   vmm::Driver& driver_;
   const vmm::DeviceCaps& caps_;
@@ -228,8 +238,13 @@ class DeviceHeap {
   std::vector<std::unique_ptr<Span>> spans_;  // every live span (lock_)
 
   // Statistics. live_ and peak_live_ are updated on the hot path.
-  std::atomic<std::int64_t> live_{0};
+  // Large-block live bytes (written under lock_), the peak of live bytes,
+  // and the caches in a list that refresh_peak can walk. cache_list_lock_
+  // is a leaf lock: nothing else is taken while it is held.
+  std::atomic<std::int64_t> large_live_bytes_{0};
   std::atomic<std::int64_t> peak_live_{0};
+  mutable SpinLock cache_list_lock_;
+  std::vector<StreamCache*> cache_list_;
   std::size_t reserved_ = 0;
   std::size_t peak_reserved_ = 0;
   std::size_t large_live_ = 0;

@@ -21,7 +21,7 @@ DeviceStats DeviceHeap::stats() const {
     }
   }
   std::lock_guard<std::mutex> guard(lock_);
-  const auto live = static_cast<std::size_t>(std::max<std::int64_t>(0, live_.load()));
+  const auto live = static_cast<std::size_t>(std::max<std::int64_t>(0, live_total()));
   s.live_bytes = live;
   s.peak_live_bytes = static_cast<std::size_t>(peak_live_.load());
   s.reserved_bytes = reserved_;
@@ -134,9 +134,11 @@ bool DeviceHeap::check_invariants(std::string* why) const {
     small_live += static_cast<std::int64_t>(allocated * s.slot_size);
   }
   std::int64_t cache_live = 0;
-  for (const StreamCache* c : caches) cache_live += c->live_bytes;
+  for (const StreamCache* c : caches) cache_live += c->live_bytes.load();
   if (cache_live != small_live) return fail("cache live bytes disagree with the spans");
-  if (live_.load() != small_live + static_cast<std::int64_t>(large_live_))
+  if (large_live_bytes_.load() != static_cast<std::int64_t>(large_live_))
+    return fail("large live bytes disagree with the counter");
+  if (live_total() != small_live + static_cast<std::int64_t>(large_live_))
     return fail("live bytes disagree with the blocks");
   return true;
 }

@@ -38,13 +38,32 @@ std::string hex(std::uintptr_t p) {
 
 }  // namespace
 
-void DeviceHeap::add_live(std::int64_t delta) noexcept {
-  const std::int64_t now = live_.fetch_add(delta, std::memory_order_relaxed) + delta;
-  if (delta > 0) {
-    std::int64_t peak = peak_live_.load(std::memory_order_relaxed);
-    while (now > peak && !peak_live_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
-    }
+std::int64_t DeviceHeap::live_total() const noexcept {
+  std::lock_guard<SpinLock> guard(cache_list_lock_);
+  std::int64_t total = large_live_bytes_.load(std::memory_order_relaxed);
+  for (const StreamCache* c : cache_list_) total += c->live_bytes.load(std::memory_order_relaxed);
+  return total;
+}
+
+// The peak of live bytes without a shared counter on the hot path: each
+// cache compares its own bytes with a watermark, and only a cache that
+// passes it (or a large allocation) sums the device. With one allocating
+// thread the peak is exact; with several, an increase by one cache between
+// another's refreshes is seen at the next refresh, so the peak can lag by
+// what the others allocated meanwhile. A shared atomic counter would cost
+// two locked read-modify-writes per alloc+free pair on every thread.
+void DeviceHeap::refresh_peak() noexcept {
+  std::lock_guard<SpinLock> guard(cache_list_lock_);
+  std::int64_t total = large_live_bytes_.load(std::memory_order_relaxed);
+  for (const StreamCache* c : cache_list_) total += c->live_bytes.load(std::memory_order_relaxed);
+  std::int64_t peak = peak_live_.load(std::memory_order_relaxed);
+  while (total > peak && !peak_live_.compare_exchange_weak(peak, total, std::memory_order_relaxed)) {
   }
+  peak = std::max(peak, total);
+  const std::int64_t headroom = peak - total;
+  for (StreamCache* c : cache_list_)
+    c->peak_watermark.store(c->live_bytes.load(std::memory_order_relaxed) + headroom,
+                            std::memory_order_relaxed);
 }
 
 StreamCache& DeviceHeap::cache_for(vmm::StreamHandle stream) {
@@ -54,6 +73,8 @@ StreamCache& DeviceHeap::cache_for(vmm::StreamHandle stream) {
     c = std::make_unique<StreamCache>();
     c->heap = this;
     c->stream = stream;
+    std::lock_guard<SpinLock> list_guard(cache_list_lock_);
+    cache_list_.push_back(c.get());
   }
   return *c;
 }
@@ -115,8 +136,11 @@ void* DeviceHeap::allocate_small(StreamCache& c, std::size_t bytes) {
       const std::uintptr_t p = s->pop();
       ++c.allocations;
       if (!grew) ++c.hits;
-      c.live_bytes += static_cast<std::int64_t>(slot);
-      add_live(static_cast<std::int64_t>(slot));
+      const std::int64_t live =
+          c.live_bytes.load(std::memory_order_relaxed) + static_cast<std::int64_t>(slot);
+      c.live_bytes.store(live, std::memory_order_relaxed);
+      if (live > c.peak_watermark.load(std::memory_order_relaxed)) [[unlikely]]
+        refresh_peak();
       return reinterpret_cast<void*>(p);
     } catch (const out_of_memory&) {
       // No room for a new span: empty spans of every cache (this one's too)
@@ -165,8 +189,9 @@ void DeviceHeap::free_small(Span* s, std::uintptr_t addr, std::size_t bytes,
   }
   s->push(idx);
   ++c.frees;
-  c.live_bytes -= static_cast<std::int64_t>(s->slot_size);
-  add_live(-static_cast<std::int64_t>(s->slot_size));
+  c.live_bytes.store(
+      c.live_bytes.load(std::memory_order_relaxed) - static_cast<std::int64_t>(s->slot_size),
+      std::memory_order_relaxed);
   const auto ci = static_cast<std::size_t>(s->size_class);
   if (s == c.current[ci]) return;
   if (s->free_count == 1 && !s->unused()) {
