@@ -80,7 +80,9 @@ SANITIZER=$(command -v compute-sanitizer || true)
 # --- 1. build ---------------------------------------------------------------------
 BUILT=0
 rm -rf "$BUILD"
-if run_step configure cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release &&
+# Without the PyTorch baseline: the suite must not depend on torch's headers
+# (tools/bench-all.sh builds it).
+if run_step configure cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGVM_BENCH_WITH_TORCH=OFF &&
   run_step build cmake --build "$BUILD" -j "$JOBS"; then
   BUILT=1
   SUMMARY+=("build: ok (Release, -j$JOBS)")
@@ -208,7 +210,10 @@ PY
 
   # --- 5. benchmarks ------------------------------------------------------------------
   shopt -s nullglob
-  BENCHES=("$BUILD"/bench/gvm-bench-*)
+  # The suite's own benchmarks (tools/bench-all.sh runs the whole set, with
+  # the PyTorch baseline): GVM_SUITE_BENCHES="alloc peer" by default.
+  BENCHES=()
+  for b in ${GVM_SUITE_BENCHES:-alloc peer}; do BENCHES+=("$BUILD/bench/gvm-bench-$b"); done
   shopt -u nullglob
   want bench || BENCHES=()
   for b in "${BENCHES[@]}"; do
