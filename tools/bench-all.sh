@@ -10,6 +10,8 @@
 #   GVM_BENCH_BUILD=DIR                   another build directory than build-gpu
 #   GVM_BENCH_REPS=5                      repetitions (medians are reported)
 #   GVM_BENCH_MIN_TIME=0.2                seconds per repetition (microbenchmarks)
+#   GVM_BENCH_GROWTH_FILTER=gvm_cuda      which growth/trim cases (a benchmark filter)
+#   GVM_BENCH_SKIP_PEER=1                 leave out gvm-bench-peer
 #
 # Then: tools/bench-report.py RESULTS_DIR   (writes docs/benchmarks.md + plots)
 #
@@ -123,9 +125,11 @@ PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE bench mt-expandable 60 "$B/gvm-bench-mt" \
   --benchmark_filter=/torch
 # One fresh allocator per repetition; the time is one growth, not a minimum.
 step growth 200 "$B/gvm-bench-growth" --benchmark_out="$RES/growth.json" \
-  --benchmark_out_format=json "${ARGS[@]}" --benchmark_filter=gvm_cuda
+  --benchmark_out_format=json "${ARGS[@]}" --benchmark_filter="${GVM_BENCH_GROWTH_FILTER:-gvm_cuda}"
 GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-if [ "${GPUS:-0}" -ge 2 ]; then
+if [ "${GVM_BENCH_SKIP_PEER:-0}" = 1 ]; then
+  DONE+=("peer: skipped (GVM_BENCH_SKIP_PEER=1; tools/gpu-suite.sh runs it too)")
+elif [ "${GPUS:-0}" -ge 2 ]; then
   bench peer 150 "$B/gvm-bench-peer"
 else
   DONE+=("peer: skipped (${GPUS:-0} GPU(s); it needs 2)")
