@@ -203,6 +203,11 @@ def scratch_peer():
     stats0 = gvmalloc.device_stats(0)
     policy = gvmalloc.peer_policy(0, 1)
     view = x[1000:]
+    gc.collect()
+    torch.cuda.synchronize(0)
+    # Counted from here: the temporaries above (the arange copied into x) are
+    # device-0 frees too, and must not count as the scratch block's.
+    frees0 = gvmalloc.device_stats(0)["frees"]
     del x
     gc.collect()
     frees_view_alive = gvmalloc.device_stats(0)["frees"] - frees0
