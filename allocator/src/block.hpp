@@ -52,6 +52,24 @@ class StreamTags {
     count_ = 0;
     all_ = false;
   }
+  bool contains(vmm::StreamHandle s) const noexcept {
+    for (int i = 0; i < count_; ++i)
+      if (streams_[static_cast<std::size_t>(i)] == s) return true;
+    return false;
+  }
+  // Free neighbours merge only when the result asks no stream to wait for
+  // more than either side did: one side untouched, or both touched by the
+  // same streams. Merging the memory of two streams would make every later
+  // taker of any part of it wait for both (an event record and a stream
+  // wait each, and a false dependency between the streams).
+  friend bool mergeable(const StreamTags& a, const StreamTags& b) noexcept {
+    if (a.empty() || b.empty()) return true;
+    if (a.all_ || b.all_) return a.all_ && b.all_;
+    if (a.count_ != b.count_) return false;
+    for (int i = 0; i < a.count_; ++i)
+      if (!b.contains(a[i])) return false;
+    return true;
+  }
 
  private:
   std::array<vmm::StreamHandle, kInline> streams_{};

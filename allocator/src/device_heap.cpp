@@ -73,17 +73,35 @@ void DeviceHeap::insert_free(Block* b) { free_.insert(b); }
 
 void DeviceHeap::erase_free(Block* b) { free_.erase(b); }
 
-Block* DeviceHeap::find_fit(std::size_t size, std::size_t alignment) {
+Block* DeviceHeap::find_fit(std::size_t size, std::size_t alignment, vmm::StreamHandle stream) {
   Block probe;
   probe.size = size;
   probe.addr = 0;
   auto it = free_.lower_bound(&probe);
-  if (alignment <= kBlockAlignment) return it == free_.end() ? nullptr : *it;
+  // Among the few best fits, one last used by `stream` alone wins: a stream
+  // reuses its own memory without waiting for another (like PyTorch's
+  // per-stream pools, without closing the pool to the others). Untouched
+  // blocks get no preference: they are mostly the unmapped rest of the
+  // arena, and a wait for another stream costs less than growing.
+  auto own = [&](const Block* b) { return !b->tags.empty() && b->tags.only(stream); };
+  constexpr int kLook = 8;
+  if (alignment <= kBlockAlignment) {
+    if (it == free_.end()) return nullptr;
+    Block* best = *it;
+    for (int k = 0; it != free_.end() && k < kLook; ++it, ++k)
+      if (own(*it)) return *it;
+    return best;
+  }
   auto fits = [&](const Block* b) { return round_up(b->addr, alignment) + size <= b->end(); };
   // Aligned requests (spans) are rare: look at a few of the best fits, then
   // at the largest block, which is the unmapped rest of the arena.
-  for (int scanned = 0; it != free_.end() && scanned < 64; ++it, ++scanned)
-    if (fits(*it)) return *it;
+  Block* first = nullptr;
+  for (int scanned = 0; it != free_.end() && scanned < 64; ++it, ++scanned) {
+    if (!fits(*it)) continue;
+    if (own(*it)) return *it;
+    if (first == nullptr) first = *it;
+  }
+  if (first != nullptr) return first;
   if (!free_.empty() && fits(*free_.rbegin())) return *free_.rbegin();
   return nullptr;
 }
@@ -112,8 +130,8 @@ Block* DeviceHeap::split_to(Block* b, std::uintptr_t at, std::size_t size) {
   return b;
 }
 
-Block* DeviceHeap::take_free(std::size_t size, std::size_t alignment) {
-  Block* b = find_fit(size, alignment);
+Block* DeviceHeap::take_free(std::size_t size, std::size_t alignment, vmm::StreamHandle stream) {
+  Block* b = find_fit(size, alignment, stream);
   if (b == nullptr) return nullptr;
   erase_free(b);
   return split_to(b, round_up(b->addr, alignment), size);
@@ -299,10 +317,10 @@ void DeviceHeap::tag_chunks(const Block* b, vmm::StreamHandle stream) {
 Block* DeviceHeap::allocate_block(std::size_t size, std::size_t alignment,
                                   vmm::StreamHandle stream, std::size_t requested) {
   note_stream(stream);
-  Block* b = take_free(size, alignment);
+  Block* b = take_free(size, alignment, stream);
   if (b == nullptr) {
     add_region(size, alignment, requested);
-    b = take_free(size, alignment);
+    b = take_free(size, alignment, stream);
     if (b == nullptr) throw_oom(requested, "address space");
   }
   auto give_back = [&] {
@@ -374,7 +392,7 @@ void DeviceHeap::free_block(Block* b, vmm::StreamHandle stream) {
     if (stream != b->stream) b->tags.add(stream);
   }
   b->free = true;
-  if (Block* n = b->next; n != nullptr && n->free) {
+  if (Block* n = b->next; n != nullptr && n->free && mergeable(b->tags, n->tags)) {
     erase_free(n);
     b->size += n->size;
     b->tags.merge(n->tags);
@@ -382,7 +400,7 @@ void DeviceHeap::free_block(Block* b, vmm::StreamHandle stream) {
     if (n->next != nullptr) n->next->prev = b;
     blocks_.recycle(n);
   }
-  if (Block* p = b->prev; p != nullptr && p->free) {
+  if (Block* p = b->prev; p != nullptr && p->free && mergeable(p->tags, b->tags)) {
     erase_free(p);
     p->size += b->size;
     p->tags.merge(b->tags);

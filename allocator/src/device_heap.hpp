@@ -160,8 +160,8 @@ class DeviceHeap {
   };
 
   // --- large path (lock_ held) ---
-  Block* take_free(std::size_t size, std::size_t alignment);
-  Block* find_fit(std::size_t size, std::size_t alignment);
+  Block* take_free(std::size_t size, std::size_t alignment, vmm::StreamHandle stream);
+  Block* find_fit(std::size_t size, std::size_t alignment, vmm::StreamHandle stream);
   Block* split_to(Block* b, std::uintptr_t at, std::size_t size);
   // `requested`: the caller's size, for an out-of-memory message.
   void add_region(std::size_t min_bytes, std::size_t alignment, std::size_t requested);
@@ -207,8 +207,8 @@ class DeviceHeap {
 
   // Live bytes: large blocks plus every cache's small blocks.
   std::int64_t live_total() const noexcept;
-  // Sums the live bytes, raises the peak, and gives every cache the
-  // watermark at which it could pass the peak given the others' bytes now.
+  // Sums the live bytes, raises the peak, and notes the headroom left to it
+  // (a cache that refreshes sets its watermark to its bytes + the headroom).
   void refresh_peak() noexcept;
 
   vmm::Driver& driver_;
@@ -243,6 +243,7 @@ class DeviceHeap {
   // is a leaf lock: nothing else is taken while it is held.
   std::atomic<std::int64_t> large_live_bytes_{0};
   std::atomic<std::int64_t> peak_live_{0};
+  std::atomic<std::int64_t> headroom_{0};  // peak - total at the last refresh
   mutable SpinLock cache_list_lock_;
   std::vector<StreamCache*> cache_list_;
   std::size_t reserved_ = 0;

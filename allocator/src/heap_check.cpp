@@ -80,7 +80,8 @@ bool DeviceHeap::check_invariants(std::string* why) const {
       at += b->size;
       if (b->free) {
         ++free_blocks;
-        if (prev != nullptr && prev->free) return fail("two free neighbours were not merged");
+        if (prev != nullptr && prev->free && mergeable(prev->tags, b->tags))
+          return fail("two free neighbours were not merged");
         if (free_.find(const_cast<Block*>(b)) == free_.end()) return fail("free block not in the free set");
         continue;
       }

@@ -50,7 +50,8 @@ std::int64_t DeviceHeap::live_total() const noexcept {
 // passes it (or a large allocation) sums the device. With one allocating
 // thread the peak is exact; with several, an increase by one cache between
 // another's refreshes is seen at the next refresh, so the peak can lag by
-// what the others allocated meanwhile. A shared atomic counter would cost
+// what the others allocated meanwhile (each cache's watermark is its own
+// bytes at its last refresh plus the headroom to the peak then). A shared atomic counter would cost
 // two locked read-modify-writes per alloc+free pair on every thread.
 void DeviceHeap::refresh_peak() noexcept {
   std::lock_guard<SpinLock> guard(cache_list_lock_);
@@ -60,10 +61,7 @@ void DeviceHeap::refresh_peak() noexcept {
   while (total > peak && !peak_live_.compare_exchange_weak(peak, total, std::memory_order_relaxed)) {
   }
   peak = std::max(peak, total);
-  const std::int64_t headroom = peak - total;
-  for (StreamCache* c : cache_list_)
-    c->peak_watermark.store(c->live_bytes.load(std::memory_order_relaxed) + headroom,
-                            std::memory_order_relaxed);
+  headroom_.store(peak - total, std::memory_order_relaxed);
 }
 
 StreamCache& DeviceHeap::cache_for(vmm::StreamHandle stream) {
@@ -139,8 +137,13 @@ void* DeviceHeap::allocate_small(StreamCache& c, std::size_t bytes) {
       const std::int64_t live =
           c.live_bytes.load(std::memory_order_relaxed) + static_cast<std::int64_t>(slot);
       c.live_bytes.store(live, std::memory_order_relaxed);
-      if (live > c.peak_watermark.load(std::memory_order_relaxed)) [[unlikely]]
+      if (live > c.peak_watermark.load(std::memory_order_relaxed)) [[unlikely]] {
         refresh_peak();
+        // Only this cache's own watermark moves: writing every cache's would
+        // bounce their cache lines between threads on each refresh.
+        c.peak_watermark.store(live + headroom_.load(std::memory_order_relaxed),
+                               std::memory_order_relaxed);
+      }
       return reinterpret_cast<void*>(p);
     } catch (const out_of_memory&) {
       // No room for a new span: empty spans of every cache (this one's too)
