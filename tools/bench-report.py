@@ -433,6 +433,66 @@ def make_plots(directory, img_dir, pair, threads, growth, problems):
 # --- main ---------------------------------------------------------------------------
 
 
+def issue_targets(pair, mixed, thr, replay, growth):
+    """The numeric targets of the allocator and benchmark issues, each judged
+    from this run's figures: met, missed (with the figure), or not measured."""
+    rows = []
+
+    def verdict(ok):
+        return "met" if ok else "**missed**"
+
+    g = pair.get(GVM, {})
+    small = [s for s in sorted(g) if s <= (1 << 20)]
+    if small:
+        worst = max(g[s] for s in small)
+        rows.append(["cache-hit alloc+free pair ≤ 50 ns (sizes ≤ 1 MiB)",
+                     "%s at worst (%s)" % (fmt_ns(worst), ", ".join(
+                         "%s %s" % (fmt_bytes(s), fmt_ns(g[s])) for s in small)),
+                     verdict(worst <= 50)])
+        t = pair.get("torch", {})
+        ratios = [t[s] / g[s] for s in small if s in t]
+        if ratios:
+            rows.append(["cache-hit pair ≥ 15× faster than PyTorch's allocator",
+                         "%.1f× to %.1f×" % (min(ratios), max(ratios)), verdict(min(ratios) >= 15)])
+    else:
+        rows.append(["cache-hit alloc+free pair ≤ 50 ns", "not measured", "—"])
+    if GVM in mixed:
+        rows.append(["mixed workload ≤ 100 ns per operation", fmt_ns(mixed[GVM]),
+                     verdict(mixed[GVM] <= 100)])
+        if "torch" in mixed:
+            r = mixed["torch"] / mixed[GVM]
+            rows.append(["mixed workload ≥ 8× faster than PyTorch's allocator", "%.2f×" % r,
+                         verdict(r >= 8)])
+    tg = thr.get(GVM, {})
+    if 1 in tg and 8 in tg:
+        r = tg[8] / tg[1]
+        rows.append(["8 threads on 8 streams: aggregate ≥ 4× one thread",
+                     "%.2f× (%.3g M/s vs %.3g M/s)" % (r, tg[8] / 1e6, tg[1] / 1e6), verdict(r >= 4)])
+    gv = replay.get(REPLAY_GVM)
+    if gv and gv.get("ratio"):
+        rows.append(["GPT-2 trace: peak reserved ÷ peak live ≤ 1.03", "%.3f" % gv["ratio"],
+                     verdict(gv["ratio"] <= 1.03)])
+        te = replay.get("torch_expandable")
+        if te and te.get("ratio"):
+            rows.append(["GPT-2 trace: below PyTorch with expandable segments",
+                         "%.3f vs %.3f" % (gv["ratio"], te["ratio"]), verdict(gv["ratio"] < te["ratio"])])
+        tt = replay.get("torch")
+        if tt and tt.get("ns_per_op") and gv.get("ns_per_op"):
+            rows.append(["GPT-2 trace: time per operation below PyTorch's",
+                         "%s vs %s" % (fmt_ns(gv["ns_per_op"]), fmt_ns(tt["ns_per_op"])),
+                         verdict(gv["ns_per_op"] < tt["ns_per_op"])])
+    big = [x[3] for x in growth if x[0] == GVM and x[2] == 64] if growth else []
+    big = [r["grow_ms"] / r["grow_driver_ms"] for r in big
+           if r.get("grow_ms") and r.get("grow_driver_ms")]
+    if big:
+        worst = max(big)
+        rows.append(["growth to 64 GiB ≤ 2× the time of its driver calls", "%.2f× at worst" % worst,
+                     verdict(worst <= 2)])
+    if not rows:
+        return []
+    return [table(["target (from the issues)", "measured", "verdict"], rows), ""]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("results", nargs="?", default="bench-out")
@@ -512,6 +572,7 @@ def main():
     md.append("")
     md.append("## Targets")
     md.append("")
+    md += issue_targets(pair, mixed, thr, replay, growth)
     md.append("- Growth and trim cost at most %g× the driver calls they make (growth table)." %
               GROWTH_TARGET)
     if growth_missed:
