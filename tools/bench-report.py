@@ -652,10 +652,10 @@ def main():
                     env.get("gpu", "?"), env.get("driver_version", "?"),
                     env.get("torch_version", "?"), str(env.get("date", "?"))[:10]), ""]
         head += targets + ["<!-- numbers:end -->"]
-        text = open(a.readme).read()
-        b, e = text.index("<!-- numbers:begin -->"), text.index("<!-- numbers:end -->")
-        text = text[:b] + "\n".join(head) + text[e + len("<!-- numbers:end -->"):]
-        open(a.readme, "w").write(text)
+        readme = open(a.readme).read()
+        b, e = readme.index("<!-- numbers:begin -->"), readme.index("<!-- numbers:end -->")
+        readme = readme[:b] + "\n".join(head) + readme[e + len("<!-- numbers:end -->"):]
+        open(a.readme, "w").write(readme)
     with open(out_path, "w") as f:
         f.write(text)
     print("bench-report: wrote %s%s" % (
