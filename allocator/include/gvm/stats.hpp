@@ -16,6 +16,10 @@ struct DeviceStats {
   std::size_t live_bytes = 0;      // handed out to callers (requested sizes rounded up)
   std::size_t reserved_bytes = 0;  // physically mapped (arena + scratch)
   std::size_t cached_bytes = 0;    // reserved but not live
+  // Peaks. With one allocating thread, peak_live_bytes is exact; with
+  // several, it can lag by what other threads allocated since a thread last
+  // summed the device (docs/design-notes.md, "Small blocks"). With a scratch
+  // buffer, both peaks are the arena's plus the scratch's: an upper bound.
   std::size_t peak_live_bytes = 0;
   std::size_t peak_reserved_bytes = 0;
   std::size_t scratch_reserved_bytes = 0;  // part of reserved_bytes
