@@ -490,7 +490,9 @@ def issue_targets(pair, mixed, thr, replay, growth):
                      verdict(worst <= 2)])
     if not rows:
         return []
-    return [table(["target (from the issues)", "measured", "verdict"], rows), ""]
+    return [table(["target (from the issues)", "measured", "verdict"], rows), "",
+            "Where a target is missed, `docs/design-notes.md` (\"Known limits\") says what "
+            "limits it.", ""]
 
 
 def main():
