@@ -321,7 +321,7 @@ const Block* DeviceHeap::live_block_holding(std::uintptr_t addr, std::size_t byt
   for (const auto& r : regions_) {
     if (addr - r->region.base >= r->region.size) continue;
     for (const Block* b = r->region.first; b != nullptr; b = b->next)
-      if (!b->free && addr >= b->addr && addr + bytes <= b->end()) return b;
+      if (!b->free && addr >= b->addr && addr < b->end() && bytes <= b->end() - addr) return b;
   }
   return nullptr;
 }
