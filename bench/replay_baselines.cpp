@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "torch_baseline.hpp"
+#include "replay_cli.hpp"
 #include "trace.hpp"
 
 #if GVM_BENCH_HAVE_CUDART
@@ -40,6 +41,8 @@
 
 namespace {
 
+using gvm::bench::ArgError;
+using gvm::bench::default_trace;
 using gvm::bench::Trace;
 using gvm::bench::TraceEvent;
 using gvm::bench::TraceOp;
@@ -52,93 +55,22 @@ constexpr const char* kUsage =
     "device 0 through PyTorch's caching allocator (torch; its mode from\n"
     "PYTORCH_CUDA_ALLOC_CONF) or cudaMallocAsync (async). Options as gvm-replay's.\n";
 
-class ArgError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-struct Args {
+struct Args : gvm::bench::ReplayArgs {
   std::string impl;
-  int repeat = 1;
-  bool json = false;
-  std::string timeline;
-  std::size_t timeline_every = 1;
-  std::string trace;
-  bool help = false;
 };
-
-long long parse_count(const std::string& flag, std::string_view text, long long min,
-                      long long max) {
-  long long v = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || v < min || v > max) {
-    throw ArgError(flag + " wants an integer from " + std::to_string(min) + " to " +
-                   std::to_string(max) + ", got '" + std::string(text) + "'");
-  }
-  return v;
-}
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  bool have_trace = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "-h" || arg == "--help") {
-      a.help = true;
-      continue;
+  gvm::bench::parse_replay_args(argc, argv, a, [&](const std::string& flag, const auto& value) {
+    if (flag != "--impl") return false;
+    a.impl = value();
+    if (a.impl != "torch" && a.impl != "async") {
+      throw ArgError("--impl wants torch or async, got '" + a.impl + "'");
     }
-    if (arg.size() < 2 || arg[0] != '-') {
-      if (have_trace)
-        throw ArgError("more than one trace given: '" + a.trace + "' and '" + arg + "'");
-      a.trace = arg;
-      have_trace = true;
-      continue;
-    }
-    std::string flag = arg;
-    std::string inline_value;
-    bool has_inline = false;
-    if (auto eq = arg.find('='); eq != std::string::npos) {
-      flag = arg.substr(0, eq);
-      inline_value = arg.substr(eq + 1);
-      has_inline = true;
-    }
-    auto value = [&]() -> std::string {
-      if (has_inline) return inline_value;
-      if (i + 1 >= argc) throw ArgError(flag + " needs a value");
-      return argv[++i];
-    };
-    if (flag == "--impl") {
-      a.impl = value();
-      if (a.impl != "torch" && a.impl != "async") {
-        throw ArgError("--impl wants torch or async, got '" + a.impl + "'");
-      }
-    } else if (flag == "--json") {
-      if (has_inline) throw ArgError("--json takes no value");
-      a.json = true;
-    } else if (flag == "--repeat") {
-      a.repeat = static_cast<int>(parse_count(flag, value(), 1, 1000000));
-    } else if (flag == "--timeline") {
-      a.timeline = value();
-      if (a.timeline.empty()) throw ArgError("--timeline needs a file name");
-    } else if (flag == "--timeline-every") {
-      a.timeline_every = static_cast<std::size_t>(parse_count(flag, value(), 1, 1LL << 40));
-    } else {
-      throw ArgError("unknown option '" + arg + "'");
-    }
-  }
+    return true;
+  });
   if (!a.help && a.impl.empty()) throw ArgError("--impl is required (torch or async)");
   return a;
-}
-
-std::string default_trace() {
-  const std::string rel = "traces/gpt2_train.trace.gz";
-#ifdef GVM_SOURCE_DIR
-  const std::string in_source = std::string(GVM_SOURCE_DIR) + "/" + rel;
-  if (std::ifstream(in_source).good()) return in_source;
-#endif
-  if (std::ifstream(rel).good()) return rel;
-  throw ArgError("no trace given and the default " + rel +
-                 " is neither in the source tree nor in the current directory");
 }
 
 std::string json_string(std::string_view s) {

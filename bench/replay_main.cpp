@@ -21,6 +21,7 @@
 #include "gvm/errors.hpp"
 #include "gvm/vmm/cuda_driver.hpp"
 #include "gvm/vmm/sim_driver.hpp"
+#include "replay_cli.hpp"
 #include "replay.hpp"
 #include "trace.hpp"
 
@@ -29,6 +30,8 @@ namespace {
 using gvm::bench::ReplayOptions;
 using gvm::bench::ReplayResult;
 using gvm::bench::TimelinePoint;
+using gvm::bench::ArgError;
+using gvm::bench::default_trace;
 using gvm::bench::Trace;
 using gvm::bench::TraceStreams;
 
@@ -49,72 +52,17 @@ constexpr const char* kUsage =
     "  --timeline FILE    CSV event,live_bytes,reserved_bytes from the memory pass\n"
     "  --timeline-every N one row every N events (default 1; the last event always)\n";
 
-// A bad command line: main prints the message and the usage, exits 1.
-class ArgError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-struct Args {
+struct Args : gvm::bench::ReplayArgs {
   std::string driver = "auto";
   std::optional<std::string> profile;
   std::optional<int> devices;
   std::string conf;
-  int repeat = 1;
-  bool json = false;
-  std::string timeline;
-  std::size_t timeline_every = 1;
-  std::string trace;
-  bool help = false;
 };
-
-long long parse_count(const std::string& flag, std::string_view text, long long min,
-                      long long max) {
-  long long v = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || v < min || v > max) {
-    throw ArgError(flag + " wants an integer from " + std::to_string(min) + " to " +
-                   std::to_string(max) + ", got '" + std::string(text) + "'");
-  }
-  return v;
-}
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  bool have_trace = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "-h" || arg == "--help") {
-      a.help = true;
-      continue;
-    }
-    if (arg.size() < 2 || arg[0] != '-' || arg == "--") {
-      if (arg == "--") {
-        if (++i >= argc) break;
-        arg = argv[i];
-      }
-      if (have_trace)
-        throw ArgError("more than one trace given: '" + a.trace + "' and '" + arg + "'");
-      a.trace = arg;
-      have_trace = true;
-      continue;
-    }
-    // --flag value, or --flag=value.
-    std::string flag = arg;
-    std::optional<std::string> inline_value;
-    if (auto eq = arg.find('='); eq != std::string::npos) {
-      flag = arg.substr(0, eq);
-      inline_value = arg.substr(eq + 1);
-    }
-    auto value = [&]() -> std::string {
-      if (inline_value) return *inline_value;
-      if (i + 1 >= argc) throw ArgError(flag + " needs a value");
-      return argv[++i];
-    };
-    if (flag == "--json") {
-      if (inline_value) throw ArgError("--json takes no value");
-      a.json = true;
-    } else if (flag == "--driver") {
+  gvm::bench::parse_replay_args(argc, argv, a, [&](const std::string& flag, const auto& value) {
+    if (flag == "--driver") {
       a.driver = value();
       if (a.driver != "cuda" && a.driver != "sim" && a.driver != "auto") {
         throw ArgError("--driver wants cuda, sim or auto, got '" + a.driver + "'");
@@ -122,32 +70,15 @@ Args parse_args(int argc, char** argv) {
     } else if (flag == "--profile") {
       a.profile = value();
     } else if (flag == "--devices") {
-      a.devices = static_cast<int>(parse_count(flag, value(), 1, 64));
+      a.devices = static_cast<int>(gvm::bench::parse_count(flag, value(), 1, 64));
     } else if (flag == "--conf") {
       a.conf = value();
-    } else if (flag == "--repeat") {
-      a.repeat = static_cast<int>(parse_count(flag, value(), 1, 1000000));
-    } else if (flag == "--timeline") {
-      a.timeline = value();
-      if (a.timeline.empty()) throw ArgError("--timeline needs a file name");
-    } else if (flag == "--timeline-every") {
-      a.timeline_every = static_cast<std::size_t>(parse_count(flag, value(), 1, 1LL << 40));
     } else {
-      throw ArgError("unknown option '" + arg + "'");
+      return false;
     }
-  }
+    return true;
+  });
   return a;
-}
-
-std::string default_trace() {
-  const std::string rel = "traces/gpt2_train.trace.gz";
-#ifdef GVM_SOURCE_DIR
-  const std::string in_source = std::string(GVM_SOURCE_DIR) + "/" + rel;
-  if (std::ifstream(in_source).good()) return in_source;
-#endif
-  if (std::ifstream(rel).good()) return rel;
-  throw ArgError("no trace given and the default " + rel +
-                 " is neither in the source tree nor in the current directory");
 }
 
 struct DriverChoice {
