@@ -43,6 +43,8 @@ namespace {
 
 using gvm::bench::ArgError;
 using gvm::bench::default_trace;
+using gvm::bench::json_string;
+using gvm::bench::median;
 using gvm::bench::Trace;
 using gvm::bench::TraceEvent;
 using gvm::bench::TraceOp;
@@ -71,30 +73,6 @@ Args parse_args(int argc, char** argv) {
   });
   if (!a.help && a.impl.empty()) throw ArgError("--impl is required (torch or async)");
   return a;
-}
-
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 struct TimelinePoint {

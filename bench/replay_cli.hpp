@@ -1,10 +1,12 @@
 // The command line shared by gvm-replay and gvm-replay-baseline: --flag value
 // or --flag=value, "--" before a trace name, -h/--help, and the options both
 // tools take (--repeat, --json, --timeline, --timeline-every, TRACE). Each tool
-// adds its own options through a callback.
+// adds its own options through a callback. Also their JSON string and median helpers.
 #pragma once
 
+#include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <cstddef>
 #include <fstream>
 #include <functional>
@@ -13,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 namespace gvm::bench {
 
@@ -104,6 +107,32 @@ inline std::string default_trace() {
   if (std::ifstream(rel).good()) return rel;
   throw ArgError("no trace given and the default " + rel +
                  " is neither in the source tree nor in the current directory");
+}
+
+// A JSON string literal for s (quotes, backslashes and control bytes escaped).
+inline std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+// The median of a non-empty list (the mean of the middle two for an even count).
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 }  // namespace gvm::bench

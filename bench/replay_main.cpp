@@ -32,6 +32,8 @@ using gvm::bench::ReplayResult;
 using gvm::bench::TimelinePoint;
 using gvm::bench::ArgError;
 using gvm::bench::default_trace;
+using gvm::bench::json_string;
+using gvm::bench::median;
 using gvm::bench::Trace;
 using gvm::bench::TraceStreams;
 
@@ -122,34 +124,10 @@ DriverChoice choose_driver(const Args& a) {
   return c;
 }
 
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
-}
-
 std::string gib(std::uint64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3f GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
   return buf;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 void write_timeline(const std::string& path, const Trace& trace, std::size_t every,
