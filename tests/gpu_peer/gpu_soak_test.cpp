@@ -1,0 +1,73 @@
+// The soak (soak.hpp) on real GPUs 0 and 1, through the real driver.
+// GVM_SOAK_SECONDS sets its length: 20 s by default (the ctest run);
+// tools/gpu-suite.sh runs it for minutes in a step of its own, and briefly
+// under compute-sanitizer. Skips, saying why, without a CUDA driver, two
+// devices with P2P, or VMM.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "device_kernels.hpp"
+#include "gpu_test_env.hpp"
+#include "soak.hpp"
+
+namespace gvm::test {
+namespace {
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+double soak_seconds() {
+  const char* s = std::getenv("GVM_SOAK_SECONDS");
+  if (s == nullptr || *s == '\0') return 20.0;
+  char* end = nullptr;
+  const double v = std::strtod(s, &end);
+  return end != s && v > 0 ? v : 20.0;
+}
+
+class SoakGpuTest : public CudaTest {
+ protected:
+  void SetUp() override {
+    CudaTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    require_peer_pair();
+    if (IsSkipped() || HasFatalFailure()) return;
+    for (int d = 0; d < 2; ++d) {
+      int vmm = 0;
+      GVM_ASSERT_OK(driver_->device_attribute(d, vmm::DeviceAttribute::vmm_supported, &vmm));
+      if (vmm == 0) GTEST_SKIP() << "device " << d << " has no VMM (cuMemCreate/cuMemMap)";
+    }
+    vmm::Result r = vmm::Result::success;
+    int failed = -1;
+    kernels_ = load_ptx_kernels(*driver_, 2, &r, &failed);
+    ASSERT_TRUE(kernels_ != nullptr)
+        << "loading the test kernels on device " << failed << " failed: " << vmm::result_name(r);
+  }
+  std::unique_ptr<DeviceKernels> kernels_;
+};
+
+TEST_F(SoakGpuTest, ThreadsStreamsPeersTrimsSwitchesAndTheCap) {
+  SoakOptions o;
+  o.seconds = soak_seconds();
+  // The driver's free memory moves by a few MiB on its own (module and
+  // context bookkeeping); a leaked chunk is at least 2 MiB, usually far more.
+  o.free_memory_tolerance = 16 * kMiB;
+  const SoakReport r = run_soak(*driver_, *kernels_, o);
+  std::cout << "--- soak ---\n" << to_string(r) << "---" << std::endl;
+  std::string why;
+  EXPECT_TRUE(soak_passed(r, o, &why)) << why;
+  // What the soak must have gone through, or it proved less than it says.
+  EXPECT_GT(r.out_of_memory, 0u) << "the reserved-bytes cap was never hit";
+  EXPECT_GT(r.cross_stream_frees, 0u);
+  EXPECT_GT(r.direct_copies, 0u);
+  EXPECT_GT(r.staged_copies, 0u);
+  EXPECT_GT(r.policy_switches, 2u);
+  EXPECT_GT(r.switches_with_work_queued, 0u) << "no switch met peer work in flight";
+  EXPECT_GT(r.trims_with_work_queued, 0u) << "no trim met peer work in flight";
+  EXPECT_GT(r.control_checks, 0u);
+}
+
+}  // namespace
+}  // namespace gvm::test
