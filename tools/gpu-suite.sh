@@ -4,21 +4,27 @@
 #   OUT=/some/dir tools/gpu-suite.sh      (logs go to ./gpu-suite-out; with OUT
 #                                          set, also packed into $OUT as
 #                                          gpu-suite-logs.tgz + summary.txt + JSON)
-#   GVM_SUITE_STEPS=build,tests,sanitizer,bench,replay   (the default: all)
+#   GVM_SUITE_STEPS=build,tests,soak,sanitizer,python,bench,replay   (the default: all)
+#   GVM_SOAK_SECONDS=180                                  (the soak step's length)
 #   GVM_BENCH_ARGS="--benchmark_repetitions=5 ..."        (extra benchmark flags)
 #
-# 1. configure and build from scratch into build-gpu (Release, -j$(nproc))
+# 1. configure and build from scratch into build-gpu (Release, -j$(nproc));
+#    without the step "build", the build-gpu already there is used
 # 2. gvm-info (what the allocator sees)
 # 3. ctest: every test; non-GPU labels in parallel, label gpu one at a time
 #    (GPU tests time kernels and fill device memory: running them side by side
-#    would make them measure each other)
-# 4. every binary with a gpu-labelled test under compute-sanitizer memcheck,
-#    without the tests named *Unfenced* (they break a context on purpose, in a
-#    child process). Failed API calls are not counted (--report-api-errors
-#    no): the tests make many on purpose (bad input, out of memory, toggling
-#    peer access twice); memcheck counts device-side memory errors.
-# 5. the benchmarks bench/gvm-bench-* (JSON) and gvm-replay on the GPT-2 trace
-# 6. a short summary, last
+#    would make them measure each other); the soak in its own step (4)
+# 4. the soak (tests/gpu_peer/soak.hpp) for GVM_SOAK_SECONDS
+# 5. every binary with a gpu-labelled test under compute-sanitizer memcheck,
+#    then racecheck, without the tests named *Unfenced* (they break a context
+#    on purpose, in a child process); the soak runs 10 s there. Failed API
+#    calls are not counted (--report-api-errors no): the tests make many on
+#    purpose (bad input, out of memory, toggling peer access twice); memcheck
+#    counts device-side memory errors, racecheck shared-memory hazards.
+# 6. the Python tests (tools/python-tests.sh: PyTorch, CuPy, NCCL) and the
+#    documented install, followed from a fresh prefix (tools/install-check.sh)
+# 7. the benchmarks bench/gvm-bench-* (JSON) and gvm-replay on the GPT-2 trace
+# 8. a short summary, last
 #
 # Each step's failure is reported and the run goes on, so one run gives the
 # whole picture; the exit status is 1 if anything failed. Uses no network.
@@ -27,7 +33,7 @@ set -u -o pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD="$ROOT/build-gpu"
 OUT_DIR="$PWD/gpu-suite-out"
-STEPS=",${GVM_SUITE_STEPS:-build,tests,sanitizer,bench,replay},"
+STEPS=",${GVM_SUITE_STEPS:-build,tests,soak,sanitizer,python,bench,replay},"
 want() { [[ "$STEPS" == *",$1,"* ]]; }
 JOBS=$(nproc 2>/dev/null || echo 4)
 mkdir -p "$OUT_DIR"
@@ -79,15 +85,25 @@ SANITIZER=$(command -v compute-sanitizer || true)
 
 # --- 1. build ---------------------------------------------------------------------
 BUILT=0
-rm -rf "$BUILD"
-# Without the PyTorch baseline: the suite must not depend on torch's headers
-# (tools/bench-all.sh builds it).
-if run_step configure cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGVM_BENCH_WITH_TORCH=OFF &&
-  run_step build cmake --build "$BUILD" -j "$JOBS"; then
-  BUILT=1
-  SUMMARY+=("build: ok (Release, -j$JOBS)")
+if ! want build; then
+  if [ -f "$BUILD/CMakeCache.txt" ]; then
+    BUILT=1
+    SUMMARY+=("build: not asked for; using $BUILD as it is")
+  else
+    FAILED+=("build: not asked for and no $BUILD")
+    SUMMARY+=("build: not asked for and no $BUILD: nothing below ran")
+  fi
 else
-  SUMMARY+=("build: FAILED: nothing below ran")
+  rm -rf "$BUILD"
+  # Without the PyTorch baseline: the suite must not depend on torch's headers
+  # (tools/bench-all.sh builds it).
+  if run_step configure cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGVM_BENCH_WITH_TORCH=OFF &&
+    run_step build cmake --build "$BUILD" -j "$JOBS"; then
+    BUILT=1
+    SUMMARY+=("build: ok (Release, -j$JOBS)")
+  else
+    SUMMARY+=("build: FAILED: nothing below ran")
+  fi
 fi
 
 if [ "$BUILT" = 1 ]; then
@@ -101,7 +117,10 @@ if [ "$BUILT" = 1 ]; then
   if want tests; then
   run_step ctest-nongpu ctest --test-dir "$BUILD" -LE '^gpu$' -j "$JOBS" --output-on-failure \
     --timeout 600 --output-junit "$OUT_DIR/ctest-nongpu.xml"
-  run_step ctest-gpu ctest --test-dir "$BUILD" -L '^gpu$' -j 1 --output-on-failure \
+  # The soak has a step of its own (below) when it is asked for.
+  SOAK_EXCLUDE=()
+  want soak && SOAK_EXCLUDE=(-LE '^soak$')
+  run_step ctest-gpu ctest --test-dir "$BUILD" -L '^gpu$' "${SOAK_EXCLUDE[@]}" -j 1 --output-on-failure \
     --timeout 900 --output-junit "$OUT_DIR/ctest-gpu.xml"
   cat "$OUT_DIR/ctest-nongpu.log" "$OUT_DIR/ctest-gpu.log" >"$OUT_DIR/ctest.log" 2>/dev/null
 
@@ -169,7 +188,24 @@ PY
   fi
   fi  # want tests
 
-  # --- 4. compute-sanitizer ---------------------------------------------------------
+  # --- 4. the soak ------------------------------------------------------------------
+  SOAK_BIN="$BUILD/tests/gpu_peer/gvm_gpu_soak_test"
+  if ! want soak; then
+    SUMMARY+=("soak: not asked for (GVM_SUITE_STEPS)")
+  elif [ ! -x "$SOAK_BIN" ]; then
+    FAILED+=("soak: $SOAK_BIN not built")
+    SUMMARY+=("soak: NOT RUN ($SOAK_BIN not built)")
+  else
+    run_step soak env GVM_SOAK_SECONDS="${GVM_SOAK_SECONDS:-180}" "$SOAK_BIN"
+    rc=$?
+    # The report's key=value lines (soak.hpp's to_string), the headline ones.
+    soak_line=$(grep -E '^(seconds|allocations|frees|out_of_memory|scratch_blocks|direct_copies|staged_copies|policy_switches|switches_with_work_queued|trims|trims_with_work_queued|access_checks|ordinary_block_peer_access|wrong_words|control_failures|device[01]_reserved_after_trim|device[01]_free_memory_delta|device[01]_final_sync|error|invariants)=' \
+      "$OUT_DIR/soak.log" | tr '\n' ' ')
+    grep -q "SKIPPED" "$OUT_DIR/soak.log" && { FAILED+=("soak: skipped on a GPU machine"); rc=skipped; }
+    SUMMARY+=("soak: exit $rc: $soak_line")
+  fi
+
+  # --- 5. compute-sanitizer: memcheck, then racecheck ------------------------------
   if ! want sanitizer; then
     SUMMARY+=("sanitizer: not asked for (GVM_SUITE_STEPS)")
   elif [ -z "$SANITIZER" ]; then
@@ -191,24 +227,50 @@ for t in json.load(open(sys.argv[1]))["tests"]:
 print("\n".join(seen))
 PY
 )
-    total_errors=0
-    for bin in "${GPU_BINARIES[@]}"; do
-      [ -n "$bin" ] || continue
-      name=$(basename "$bin")
-      run_step "sanitizer-$name" timeout 1800 "$SANITIZER" --tool memcheck --report-api-errors no \
-        --error-exitcode 99 \
-        "$bin" '--gtest_filter=-*Unfenced*'
-      rc=$?
-      errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$OUT_DIR/sanitizer-$name.log" | tail -1 | grep -Eo '[0-9]+$')
-      errors=${errors:-unknown}
-      [ "$errors" != unknown ] && total_errors=$((total_errors + errors))
-      SUMMARY+=("sanitizer $name: $errors memcheck errors, exit $rc")
+    for tool in memcheck racecheck; do
+      total_errors=0
+      for bin in "${GPU_BINARIES[@]}"; do
+        [ -n "$bin" ] || continue
+        name=$(basename "$bin")
+        run_step "$tool-$name" env GVM_SOAK_SECONDS=10 timeout 1800 "$SANITIZER" --tool "$tool" \
+          --report-api-errors no --error-exitcode 99 \
+          "$bin" '--gtest_filter=-*Unfenced*'
+        rc=$?
+        # memcheck: "ERROR SUMMARY: n errors"; racecheck: "RACECHECK SUMMARY:
+        # n hazards displayed (e errors, w warnings)".
+        if [ "$tool" = memcheck ]; then
+          errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$OUT_DIR/$tool-$name.log" | tail -1 | grep -Eo '[0-9]+$')
+        else
+          errors=$(grep -Eo 'RACECHECK SUMMARY: [0-9]+' "$OUT_DIR/$tool-$name.log" | tail -1 | grep -Eo '[0-9]+$')
+          [ -z "$errors" ] && grep -q 'ERROR SUMMARY: 0' "$OUT_DIR/$tool-$name.log" && errors=0
+        fi
+        errors=${errors:-unknown}
+        [ "$errors" != unknown ] && total_errors=$((total_errors + errors))
+        tests_run=$(grep -Eo '\[  PASSED  \] [0-9]+' "$OUT_DIR/$tool-$name.log" | grep -Eo '[0-9]+$')
+        SUMMARY+=("$tool $name: $errors errors/hazards, ${tests_run:-?} tests passed, exit $rc")
+      done
+      SUMMARY+=("$tool total: $total_errors")
     done
     [ "${#GPU_BINARIES[@]}" -eq 0 ] && SUMMARY+=("sanitizer: no gpu test binaries found")
-    SUMMARY+=("sanitizer total: $total_errors errors")
   fi
 
-  # --- 5. benchmarks ------------------------------------------------------------------
+  # --- 6. the Python tests (PyTorch, CuPy, NCCL) --------------------------------------
+  if ! want python; then
+    SUMMARY+=("python: not asked for (GVM_SUITE_STEPS)")
+  else
+    run_step python "$ROOT/tools/python-tests.sh" "$BUILD"
+    rc=$?
+    # python-tests.sh ends with its own summary: the figures, then pytest's line.
+    while IFS= read -r line; do SUMMARY+=("  $line"); done < <(sed -n '/^=== python-tests summary/,$p' "$OUT_DIR/python.log")
+    SUMMARY+=("python: exit $rc")
+    # The documented install (cmake --install to a prefix), used as a user would.
+    run_step install-check "$ROOT/tools/install-check.sh" "$BUILD"
+    rc=$?
+    while IFS= read -r line; do SUMMARY+=("  $line"); done < <(grep '^install-check' "$OUT_DIR/install-check.log")
+    SUMMARY+=("install-check: exit $rc")
+  fi
+
+  # --- 7. benchmarks ------------------------------------------------------------------
   shopt -s nullglob
   # The suite's own benchmarks (tools/bench-all.sh runs the whole set, with
   # the PyTorch baseline): GVM_SUITE_BENCHES="alloc peer" by default.
@@ -288,7 +350,7 @@ PY
   fi
 fi
 
-# --- 6. summary -----------------------------------------------------------------------
+# --- 8. summary -----------------------------------------------------------------------
 {
   echo
   echo "==================== gpu-suite summary ===================="

@@ -199,7 +199,20 @@ def scratch_peer():
         ok_direct = torch.equal(direct, torch.arange(n, device="cuda:1", dtype=torch.float32))
         ok_torch = not torch_copy_error and torch.equal(
             via_torch, torch.arange(n, device="cuda:1", dtype=torch.float32))
+        # PyTorch runs a copy between devices on the source device's stream:
+        # the source pushes. Into a scratch tensor of device 0 from device 1,
+        # device 1 writes device 0's scratch, which the policy grants it.
+        pushed = gt.scratch_tensor((n,), torch.float32, 0)
+        src1 = torch.arange(n, device="cuda:1", dtype=torch.float32) * 2
+        push_error = ""
+        try:
+            pushed.copy_(src1)
+        except Exception as e:
+            push_error = str(e).splitlines()[0]
     s1.synchronize()
+    ok_push = not push_error and torch.equal(
+        pushed, torch.arange(n, device="cuda:0", dtype=torch.float32) * 2)
+    del pushed, src1
     stats0 = gvmalloc.device_stats(0)
     policy = gvmalloc.peer_policy(0, 1)
     view = x[1000:]
@@ -214,12 +227,14 @@ def scratch_peer():
     del view
     gc.collect()
     frees_after = gvmalloc.device_stats(0)["frees"] - frees0
-    print("scratch: policy(0->1) %s, scratch reserved %d, direct ok %s, torch copy ok %s, "
-          "frees with a view alive %d, after %d"
-          % (policy, stats0["scratch_reserved_bytes"], ok_direct, ok_torch, frees_view_alive,
+    print("scratch: policy(0->1) %s, scratch reserved %d, direct ok %s, torch copy into the "
+          "scratch ok %s, torch copy out of it ok %s%s, frees with a view alive %d, after %d"
+          % (policy, stats0["scratch_reserved_bytes"], ok_direct, ok_push, ok_torch,
+             " (" + torch_copy_error + ")" if torch_copy_error else "", frees_view_alive,
              frees_after))
     result(policy=policy, scratch_reserved=stats0["scratch_reserved_bytes"], ok_direct=ok_direct,
-           ok_torch=ok_torch, torch_copy_error=torch_copy_error, frees_view_alive=frees_view_alive, frees_after=frees_after)
+           ok_torch=ok_torch, torch_copy_error=torch_copy_error, ok_push=ok_push,
+           push_error=push_error, frees_view_alive=frees_view_alive, frees_after=frees_after)
 
 
 def _dist_rank(rank, world, port, iterations, out):
