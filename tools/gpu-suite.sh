@@ -238,16 +238,37 @@ PY
         rc=$?
         # memcheck: "ERROR SUMMARY: n errors"; racecheck: "RACECHECK SUMMARY:
         # n hazards displayed (e errors, w warnings)".
-        if [ "$tool" = memcheck ]; then
-          errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$OUT_DIR/$tool-$name.log" | tail -1 | grep -Eo '[0-9]+$')
-        else
-          errors=$(grep -Eo 'RACECHECK SUMMARY: [0-9]+' "$OUT_DIR/$tool-$name.log" | tail -1 | grep -Eo '[0-9]+$')
-          [ -z "$errors" ] && grep -q 'ERROR SUMMARY: 0' "$OUT_DIR/$tool-$name.log" && errors=0
+        log="$OUT_DIR/$tool-$name.log"
+        count_errors() {
+          if [ "$tool" = memcheck ]; then
+            errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$log" | tail -1 | grep -Eo '[0-9]+$')
+          else
+            errors=$(grep -Eo 'RACECHECK SUMMARY: [0-9]+' "$log" | tail -1 | grep -Eo '[0-9]+$')
+            [ -z "$errors" ] && grep -q 'ERROR SUMMARY: 0' "$log" && errors=0
+          fi
+          errors=${errors:-unknown}
+          internal=$(grep -c 'Internal Sanitizer Error' "$log")
+        }
+        count_errors
+        retried=""
+        # racecheck sometimes reports an error of its own ("Internal Sanitizer
+        # Error: Detected a failure to track a kernel launch"), counted in its
+        # summary as a hazard; seen in 2 of 3 runs of the soak on an H200
+        # pair, with no hazard reported. A run whose only errors are those
+        # proves nothing either way: it is repeated once, both logs kept.
+        if [ "$rc" -ne 0 ] && [ "$internal" -gt 0 ] && [ "$errors" = "$internal" ]; then
+          unset 'FAILED[${#FAILED[@]}-1]'
+          mv "$log" "$OUT_DIR/$tool-$name.internal-error.log"
+          retried=" (after a run with $internal internal sanitizer error(s) only, repeated)"
+          run_step "$tool-$name" env GVM_SOAK_SECONDS=10 timeout 1800 "$SANITIZER" --tool "$tool" \
+            --report-api-errors no --error-exitcode 99 \
+            "$bin" '--gtest_filter=-*Unfenced*'
+          rc=$?
+          count_errors
         fi
-        errors=${errors:-unknown}
         [ "$errors" != unknown ] && total_errors=$((total_errors + errors))
-        tests_run=$(grep -Eo '\[  PASSED  \] [0-9]+' "$OUT_DIR/$tool-$name.log" | grep -Eo '[0-9]+$')
-        SUMMARY+=("$tool $name: $errors errors/hazards, ${tests_run:-?} tests passed, exit $rc")
+        tests_run=$(grep -Eo '\[  PASSED  \] [0-9]+' "$log" | grep -Eo '[0-9]+$')
+        SUMMARY+=("$tool $name: $errors errors/hazards ($internal internal), ${tests_run:-?} tests passed, exit $rc$retried")
       done
       SUMMARY+=("$tool total: $total_errors")
     done

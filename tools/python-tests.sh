@@ -41,7 +41,8 @@ rc=${PIPESTATUS[0]}
 
 echo
 echo "=== python-tests summary ($BUILD, $((SECONDS - start)) s)"
-grep -E "^(losses|peak reserved|median step|mempool:|scratch:|dist rank|cupy:)" "$LOG"
+# The figures the tests print (a line may start after pytest's progress dot).
+sed -nE 's/^(\.|test_[a-z_]+\.py )?((losses |peak reserved:|median step:|mempool: reserved|scratch:|dist rank|cupy:|torch copy_).*)/\2/p' "$LOG" | awk '!seen[$0]++'
 grep -E "^(SKIPPED|FAILED|ERROR) |skipped .|^(FAIL|ERROR):" "$LOG"
 tail -n 1 "$LOG"
 exit "$rc"

@@ -1,7 +1,8 @@
 // The soak (soak.hpp) on real GPUs 0 and 1, through the real driver.
 // GVM_SOAK_SECONDS sets its length: 20 s by default (the ctest run);
 // tools/gpu-suite.sh runs it for minutes in a step of its own, and briefly
-// under compute-sanitizer. Skips, saying why, without a CUDA driver, two
+// under compute-sanitizer. GVM_SOAK_THREADS sets the block workers per device
+// (3 by default). Skips, saying why, without a CUDA driver, two
 // devices with P2P, or VMM.
 #include <gtest/gtest.h>
 
@@ -19,12 +20,13 @@ namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-double soak_seconds() {
-  const char* s = std::getenv("GVM_SOAK_SECONDS");
-  if (s == nullptr || *s == '\0') return 20.0;
+// A positive number from the environment, or `fallback`.
+double env_number(const char* name, double fallback) {
+  const char* s = std::getenv(name);
+  if (s == nullptr || *s == '\0') return fallback;
   char* end = nullptr;
   const double v = std::strtod(s, &end);
-  return end != s && v > 0 ? v : 20.0;
+  return end != s && v > 0 ? v : fallback;
 }
 
 class SoakGpuTest : public CudaTest {
@@ -50,7 +52,8 @@ class SoakGpuTest : public CudaTest {
 
 TEST_F(SoakGpuTest, ThreadsStreamsPeersTrimsSwitchesAndTheCap) {
   SoakOptions o;
-  o.seconds = soak_seconds();
+  o.seconds = env_number("GVM_SOAK_SECONDS", 20.0);
+  o.threads_per_device = static_cast<int>(env_number("GVM_SOAK_THREADS", 3.0));
   // The driver's free memory moves by a few MiB on its own (module and
   // context bookkeeping); a leaked chunk is at least 2 MiB, usually far more.
   o.free_memory_tolerance = 16 * kMiB;
