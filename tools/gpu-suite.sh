@@ -17,7 +17,8 @@
 # 4. the soak (tests/gpu_peer/soak.hpp) for GVM_SOAK_SECONDS
 # 5. every binary with a gpu-labelled test under compute-sanitizer memcheck,
 #    then racecheck, without the tests named *Unfenced* (they break a context
-#    on purpose, in a child process); the soak runs 10 s there. Failed API
+#    on purpose, in a child process); the soak runs 10 s under memcheck and is
+#    left out of racecheck (why: below). Failed API
 #    calls are not counted (--report-api-errors no): the tests make many on
 #    purpose (bad input, out of memory, toggling peer access twice); memcheck
 #    counts device-side memory errors, racecheck shared-memory hazards.
@@ -232,6 +233,17 @@ PY
       for bin in "${GPU_BINARIES[@]}"; do
         [ -n "$bin" ] || continue
         name=$(basename "$bin")
+        # racecheck leaves the soak out: its kernels are the four test
+        # kernels the other binaries run under racecheck too (none uses shared
+        # memory, which is what racecheck examines), and with its ten threads
+        # launching at once the tool fails on its own: "Internal Sanitizer
+        # Error: Detected a failure to track a kernel launch" in 4 of 5 runs on
+        # an H200 pair (counted in its summary as a hazard), and one run did
+        # not end within 100 s. memcheck runs it.
+        if [ "$tool" = racecheck ] && [ "$name" = gvm_gpu_soak_test ]; then
+          SUMMARY+=("racecheck $name: left out (see tools/gpu-suite.sh)")
+          continue
+        fi
         run_step "$tool-$name" env GVM_SOAK_SECONDS=10 timeout 1800 "$SANITIZER" --tool "$tool" \
           --report-api-errors no --error-exitcode 99 \
           "$bin" '--gtest_filter=-*Unfenced*'
@@ -250,25 +262,9 @@ PY
           internal=$(grep -c 'Internal Sanitizer Error' "$log")
         }
         count_errors
-        retried=""
-        # racecheck sometimes reports an error of its own ("Internal Sanitizer
-        # Error: Detected a failure to track a kernel launch"), counted in its
-        # summary as a hazard; seen in 2 of 3 runs of the soak on an H200
-        # pair, with no hazard reported. A run whose only errors are those
-        # proves nothing either way: it is repeated once, both logs kept.
-        if [ "$rc" -ne 0 ] && [ "$internal" -gt 0 ] && [ "$errors" = "$internal" ]; then
-          unset 'FAILED[${#FAILED[@]}-1]'
-          mv "$log" "$OUT_DIR/$tool-$name.internal-error.log"
-          retried=" (after a run with $internal internal sanitizer error(s) only, repeated)"
-          run_step "$tool-$name" env GVM_SOAK_SECONDS=10 timeout 1800 "$SANITIZER" --tool "$tool" \
-            --report-api-errors no --error-exitcode 99 \
-            "$bin" '--gtest_filter=-*Unfenced*'
-          rc=$?
-          count_errors
-        fi
         [ "$errors" != unknown ] && total_errors=$((total_errors + errors))
         tests_run=$(grep -Eo '\[  PASSED  \] [0-9]+' "$log" | grep -Eo '[0-9]+$')
-        SUMMARY+=("$tool $name: $errors errors/hazards ($internal internal), ${tests_run:-?} tests passed, exit $rc$retried")
+        SUMMARY+=("$tool $name: $errors errors/hazards ($internal internal to the tool), ${tests_run:-?} tests passed, exit $rc")
       done
       SUMMARY+=("$tool total: $total_errors")
     done
