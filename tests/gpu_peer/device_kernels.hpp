@@ -55,4 +55,15 @@ std::unique_ptr<DeviceKernels> load_ptx_kernels(vmm::Driver& driver, int devices
 // read real bytes) and outlive the object.
 std::unique_ptr<DeviceKernels> sim_kernels(vmm::SimDriver& sim);
 
+// A simulated H200 pair with backing, and its stand-in kernels: what the
+// scenarios' CPU tests run on.
+struct SimPair {
+  std::unique_ptr<vmm::SimDriver> sim = vmm::SimDriver::uniform(vmm::Profile::h200, 2);
+  std::unique_ptr<DeviceKernels> kernels;
+  SimPair() {
+    sim->enable_backing(true);
+    kernels = sim_kernels(*sim);
+  }
+};
+
 }  // namespace gvm::test

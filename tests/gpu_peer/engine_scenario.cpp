@@ -43,15 +43,6 @@ void must(Result r, const std::string& what) {
   if (r != Result::success) throw Failed(what + ": " + vmm::result_name(r));
 }
 
-const char* access_name(Access a) {
-  switch (a) {
-    case Access::none: return "none";
-    case Access::read: return "read";
-    case Access::read_write: return "read_write";
-  }
-  return "?";
-}
-
 // A value per iteration and purpose, never one a neighbour uses.
 std::uint32_t value_for(int iteration, std::uint32_t salt) {
   std::uint32_t x = static_cast<std::uint32_t>(iteration + 1) * 0x9e3779b9u ^ salt;
@@ -300,7 +291,7 @@ class Engine {
     must(d_.mem_get_access(dp(block), peer, &got), "mem_get_access(" + what + ")");
     if (got != want)
       throw Failed("device " + std::to_string(peer) + "'s access to " + what + " is " +
-                   access_name(got) + ", expected " + access_name(want));
+                   vmm::access_name(got) + ", expected " + vmm::access_name(want));
   }
 
   // Stream `to` waits for the work queued so far on stream `from` (an event,

@@ -26,6 +26,7 @@
 #include "device_kernels.hpp"
 #include "engine_scenario.hpp"
 #include "gpu_test_env.hpp"
+#include "peer_pair_fixture.hpp"
 #include "gvm/allocator.hpp"
 #include "peer_hazards.hpp"
 
@@ -46,27 +47,11 @@ std::uint64_t calls(const Allocator& a, vmm::Call c) {
   return a.stats().driver.calls[static_cast<std::size_t>(c)];
 }
 
-class PeerGpuTest : public CudaTest {
+class PeerGpuTest : public PeerPairGpuTest {
  protected:
   void SetUp() override {
-    CudaTest::SetUp();
+    PeerPairGpuTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
-    require_peer_pair();
-    if (IsSkipped() || HasFatalFailure()) return;
-    for (int d = 0; d < 2; ++d) {
-      int vmm = 0;
-      GVM_ASSERT_OK(driver_->device_attribute(d, vmm::DeviceAttribute::vmm_supported, &vmm));
-      if (vmm == 0) GTEST_SKIP() << "device " << d << " has no VMM (cuMemCreate/cuMemMap)";
-      int major = 0;
-      GVM_ASSERT_OK(
-          driver_->device_attribute(d, vmm::DeviceAttribute::compute_capability_major, &major));
-      if (major < 8) pre_ampere_ = true;
-    }
-    Result r = Result::success;
-    int failed = -1;
-    kernels_ = load_ptx_kernels(*driver_, 2, &r, &failed);
-    ASSERT_TRUE(kernels_ != nullptr)
-        << "loading the test kernels on device " << failed << " failed: " << vmm::result_name(r);
     for (int d = 0; d < 2; ++d) GVM_ASSERT_OK(driver_->stream_create(d, &s_[d]));
   }
 
@@ -76,7 +61,7 @@ class PeerGpuTest : public CudaTest {
       (void)driver_->stream_synchronize(d, s_[d]);
       (void)driver_->stream_destroy(d, s_[d]);
     }
-    kernels_.reset();
+    PeerPairGpuTest::TearDown();
   }
 
   // Context peer access off in both directions, whoever turned it on, so
@@ -106,8 +91,6 @@ class PeerGpuTest : public CudaTest {
     return m;
   }
 
-  bool pre_ampere_ = false;
-  std::unique_ptr<DeviceKernels> kernels_;
   vmm::StreamHandle s_[2] = {nullptr, nullptr};
 };
 

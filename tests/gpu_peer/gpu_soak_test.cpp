@@ -13,6 +13,7 @@
 
 #include "device_kernels.hpp"
 #include "gpu_test_env.hpp"
+#include "peer_pair_fixture.hpp"
 #include "soak.hpp"
 
 namespace gvm::test {
@@ -29,26 +30,7 @@ double env_number(const char* name, double fallback) {
   return end != s && v > 0 ? v : fallback;
 }
 
-class SoakGpuTest : public CudaTest {
- protected:
-  void SetUp() override {
-    CudaTest::SetUp();
-    if (IsSkipped() || HasFatalFailure()) return;
-    require_peer_pair();
-    if (IsSkipped() || HasFatalFailure()) return;
-    for (int d = 0; d < 2; ++d) {
-      int vmm = 0;
-      GVM_ASSERT_OK(driver_->device_attribute(d, vmm::DeviceAttribute::vmm_supported, &vmm));
-      if (vmm == 0) GTEST_SKIP() << "device " << d << " has no VMM (cuMemCreate/cuMemMap)";
-    }
-    vmm::Result r = vmm::Result::success;
-    int failed = -1;
-    kernels_ = load_ptx_kernels(*driver_, 2, &r, &failed);
-    ASSERT_TRUE(kernels_ != nullptr)
-        << "loading the test kernels on device " << failed << " failed: " << vmm::result_name(r);
-  }
-  std::unique_ptr<DeviceKernels> kernels_;
-};
+using SoakGpuTest = PeerPairGpuTest;
 
 TEST_F(SoakGpuTest, ThreadsStreamsPeersTrimsSwitchesAndTheCap) {
   SoakOptions o;

@@ -21,15 +21,6 @@ DevicePtr dp(const void* p) {
   return reinterpret_cast<DevicePtr>(p);
 }
 
-const char* access_name(Access a) {
-  switch (a) {
-    case Access::none: return "none";
-    case Access::read: return "read";
-    case Access::read_write: return "read_write";
-  }
-  return "?";
-}
-
 // What every scenario holds. Unfenced, the destructor leaks it all: device
 // 1's context is broken and the process is about to exit.
 class Run {
@@ -174,7 +165,7 @@ void switch_during_peer_kernel(Run& r, const PeerHazardOptions& o) {
 
   Access acc = Access::read_write;
   r.verify(r.d_.mem_get_access(dp(p), 1, &acc), "mem_get_access");
-  r.verify_that(acc == Access::none, std::string("device 1 still has ") + access_name(acc) +
+  r.verify_that(acc == Access::none, std::string("device 1 still has ") + vmm::access_name(acc) +
                                          " access to the scratch after set_peer_policy(none)");
   std::uint32_t m = 0;
   r.verify(r.k_.count_mismatches(r.d_, 0, r.s_[0], dp(p), kPattern, n, &m), "check on device 0");
@@ -301,7 +292,7 @@ void peer_reads_private_block(Run& r, const PeerHazardOptions& o) {
       !r.step(r.d_.stream_synchronize(0, r.s_[0]), "stream_synchronize(device 0)") ||
       !r.step(r.d_.mem_get_access(dp(q), 1, &acc), "mem_get_access"))
     return;
-  r.rep_.peer_access = access_name(acc);
+  r.rep_.peer_access = vmm::access_name(acc);
   // The "change" here is the read itself: a kernel on device 1 over memory
   // it was never granted. (The simulator refuses it at launch; the GPU
   // faults while it runs.)

@@ -22,15 +22,6 @@ using vmm::SimDriver;
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-struct SimPair {
-  std::unique_ptr<SimDriver> sim = SimDriver::uniform(Profile::h200, 2);
-  std::unique_ptr<DeviceKernels> kernels;
-  SimPair() {
-    sim->enable_backing(true);
-    kernels = sim_kernels(*sim);
-  }
-};
-
 // Races between the scenario's own streams (an access not ordered after
 // another stream's pending access to the same bytes: a free before the
 // peer's use ended, a missing event). The stand-in kernels move data on the

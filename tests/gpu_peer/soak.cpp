@@ -44,15 +44,6 @@ int other(int device) {
   return 1 - device;
 }
 
-const char* access_name(Access a) {
-  switch (a) {
-    case Access::none: return "none";
-    case Access::read: return "read";
-    case Access::read_write: return "read_write";
-  }
-  return "?";
-}
-
 double coin(Rng& rng) {
   return std::uniform_real_distribution<double>(0.0, 1.0)(rng);
 }
@@ -499,7 +490,7 @@ class Soak {
     ++t.access_checks;
     if (a != Access::none) {
       ++t.ordinary_block_peer_access;
-      throw Failed("device " + std::to_string(other(device)) + " has " + access_name(a) +
+      throw Failed("device " + std::to_string(other(device)) + " has " + vmm::access_name(a) +
                    " access to an ordinary block of device " + std::to_string(device));
     }
   }
@@ -513,9 +504,9 @@ class Soak {
     const Access want = mode == PeerPolicy::none ? Access::none : Access::read_write;
     if (a != want) {
       ++t.scratch_access_wrong;
-      throw Failed("device " + std::to_string(other(owner)) + " has " + access_name(a) +
+      throw Failed("device " + std::to_string(other(owner)) + " has " + vmm::access_name(a) +
                    " access to device " + std::to_string(owner) + "'s scratch under policy " +
-                   to_string(mode) + ", expected " + access_name(want));
+                   to_string(mode) + ", expected " + vmm::access_name(want));
     }
   }
 

@@ -38,15 +38,6 @@ SoakOptions small_soak() {
   return o;
 }
 
-struct SimPair {
-  std::unique_ptr<SimDriver> sim = SimDriver::uniform(Profile::h200, 2);
-  std::unique_ptr<DeviceKernels> kernels;
-  SimPair() {
-    sim->enable_backing(true);
-    kernels = sim_kernels(*sim);
-  }
-};
-
 TEST(SoakSim, EverythingAtOnceIsCleanAndGivesEverythingBack) {
   SimPair p;
   const SoakOptions o = small_soak();

@@ -27,6 +27,16 @@ using FunctionHandle = void*;      // a CUfunction (test kernels only)
 // Same values as CUmemAccess_flags.
 enum class Access : int { none = 0, read = 1, read_write = 3 };
 
+// "none", "read", "read_write": for messages and test reports.
+constexpr const char* access_name(Access a) noexcept {
+  switch (a) {
+    case Access::none: return "none";
+    case Access::read: return "read";
+    case Access::read_write: return "read_write";
+  }
+  return "?";
+}
+
 struct AccessDesc {
   int device;
   Access access;
