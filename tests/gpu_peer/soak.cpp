@@ -127,7 +127,10 @@ class Soak {
 
   void run() {
     setup();
-    if (!error_.empty()) return;
+    if (!error_.empty()) {
+      rep_.error = error_;
+      return;
+    }
     const auto t0 = Clock::now();
     std::vector<std::thread> threads;
     const int workers = 2 * o_.threads_per_device;
