@@ -7,6 +7,7 @@ chosen before CUDA starts, so each run is a fresh interpreter.
     python _workloads.py scratch_peer
     python _workloads.py dist
     python _workloads.py cupy
+    python _workloads.py cupy_dead_stream
 
 Each prints what it measured, then one line "GVM_RESULT <json>" for the test.
 """
@@ -319,7 +320,41 @@ def cupy_run(iterations=40):
     result(worst_fft=worst_fft, worst_mm=worst_mm, allocations=s["allocations"], frees=s["frees"])
 
 
+def cupy_dead_stream(rounds=8):
+    """Arrays used and freed on a side stream, the stream dropped (CuPy destroys
+    it), then gvmalloc.empty_cache(): the trim must not touch the dead handle
+    (issue: it recorded an event on it and the process died in the trim)."""
+    import cupy
+    import gvmalloc
+    import gvmalloc.cupy as gc_
+    gc_.enable()
+    total = 0.0
+    for r in range(rounds):
+        side = cupy.cuda.Stream(non_blocking=True)
+        with side:
+            xs = [cupy.arange((1 << 20) * (k + 1), dtype=cupy.float32) for k in range(4)]
+            total += float(sum(float(x[-1].get()) for x in xs))
+            big = cupy.ones(64 << 20, dtype=cupy.uint8)  # a large block too
+            total += float(big[:1024].sum().get())
+        side.synchronize()
+        del xs, big
+        del side  # CuPy destroys the stream here; its handle may be recycled
+        # A new stream can get the old handle: work on it must not be mistaken
+        # for the dead stream's.
+        other = cupy.cuda.Stream(non_blocking=True)
+        with other:
+            y = cupy.zeros(1 << 20, dtype=cupy.float32)
+            total += float(y.sum().get())
+        del y, other
+        gvmalloc.empty_cache()
+    s = gvmalloc.device_stats(0)
+    print("cupy dead streams: %d rounds survived, reserved after trim %.1f MiB, live %d bytes"
+          % (rounds, s["reserved_bytes"] / MiB, s["live_bytes"]))
+    result(rounds=rounds, reserved=s["reserved_bytes"], live=s["live_bytes"], total=total)
+
+
 if __name__ == "__main__":
     mode, rest = sys.argv[1], sys.argv[2:]
     {"train": lambda: train(*rest), "infer": lambda: infer(*rest), "mempool": mempool,
-     "scratch_peer": scratch_peer, "dist": dist_run, "cupy": cupy_run}[mode]()
+     "scratch_peer": scratch_peer, "dist": dist_run, "cupy": cupy_run,
+     "cupy_dead_stream": cupy_dead_stream}[mode]()

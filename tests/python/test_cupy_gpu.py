@@ -35,6 +35,19 @@ class CuPy(unittest.TestCase):
         self.assertGreater(r["allocations"], 0)
         self.assertGreater(r["frees"], 0)
 
+    def test_trim_after_a_side_stream_is_destroyed(self):
+        # Blocks freed on a stream CuPy later destroys: empty_cache must not
+        # record events on (or wait for) the dead handle.
+        if not os.environ.get("GVMALLOC_LIBRARY"):
+            self.skipTest("GVMALLOC_LIBRARY is not set (tools/python-tests.sh sets it)")
+        if not (_support.have("cupy") and _support.have("numpy")):
+            self.skipTest("cupy or numpy is not installed")
+        if cupy_gpus() < 1:
+            self.skipTest("CuPy sees no GPU")
+        r = _support.run_workload("cupy_dead_stream")
+        self.assertEqual(r["live"], 0)
+        self.assertEqual(r["total"], 8 * (sum((1 << 20) * (k + 1) - 1 for k in range(4)) + 1024))
+
 
 if __name__ == "__main__":
     unittest.main()
