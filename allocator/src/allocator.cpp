@@ -138,6 +138,14 @@ std::string Allocator::snapshot_json() const {
   return j;
 }
 
+std::vector<SegmentInfo> Allocator::memory_map(int device) const {
+  impl_->check_device(device, "memory_map");
+  std::vector<SegmentInfo> out;
+  if (auto* h = impl_->existing_heap(device); h != nullptr) h->memory_map(out);
+  if (auto* h = impl_->existing_scratch(device); h != nullptr) h->memory_map(out);
+  return out;
+}
+
 bool Allocator::check_invariants(std::string* why) const {
   for (int d = 0; d < device_count(); ++d)
     if (auto* h = impl_->existing_heap(d); h != nullptr && !h->check_invariants(why)) return false;

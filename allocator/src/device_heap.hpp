@@ -33,6 +33,7 @@
 #include "fence.hpp"
 #include "gvm/allocator.hpp"
 #include "gvm/config.hpp"
+#include "gvm/memory_map.hpp"
 #include "gvm/stats.hpp"
 #include "gvm/vmm/device_caps.hpp"
 #include "gvm/vmm/owners.hpp"
@@ -132,6 +133,8 @@ class DeviceHeap {
 
   DeviceStats stats() const;
   bool check_invariants(std::string* why) const;
+  // Appends the heap's segments and their blocks (heap_memory_map.cpp).
+  void memory_map(std::vector<SegmentInfo>& out) const;
 
   // Address range(s) of the heap's reservations, for tests.
   std::vector<std::pair<std::uintptr_t, std::size_t>> regions() const;
