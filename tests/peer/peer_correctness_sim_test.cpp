@@ -153,10 +153,9 @@ void copy_races_switch(bool tracked) {
 TEST(PeerCorrectness, CopyRacingAPolicySwitchIsFencedWithDeviceFence) { copy_races_switch(false); }
 TEST(PeerCorrectness, CopyRacingAPolicySwitchIsFencedWithTrackedFence) { copy_races_switch(true); }
 
-// A copy noted in the window must still be waited for by a later trim: the
-// switch back to per_allocation re-grants, and a trim of the scratch then
-// unmaps under nothing.
-TEST(PeerCorrectness, TrimAfterARacedSwitchWaitsForTheCopy) {
+// A direct copy queued on the peer's stream is waited for by a trim of the
+// scratch it reads.
+TEST(PeerCorrectness, TrimWaitsForAQueuedDirectCopy) {
   SimPair t;
   Config c = tiny();
   c.scratch_fence_tracked = true;
@@ -168,6 +167,30 @@ TEST(PeerCorrectness, TrimAfterARacedSwitchWaitsForTheCopy) {
   a.trim(0);
   EXPECT_EQ(t.sim->sticky_error(), Result::success);
   a.deallocate(dst, 4 * kMiB, 1, t.s1);
+}
+
+// A staged copy runs on the destination device's stream and reads the
+// source device's ordinary memory: a trim of that memory must wait for it
+// (the fence drained the owner device only).
+TEST(PeerCorrectness, TrimWaitsForAStagedCopyOnThePeersStream) {
+  for (bool tracked : {false, true}) {
+    SimPair t;
+    Config c = tiny();
+    c.scratch_fence_tracked = tracked;
+    Allocator a(*t.sim, c);
+    void* src = a.allocate(8 * kMiB, 0, t.s0);
+    void* dst = a.allocate(8 * kMiB, 1, t.s1);
+    void* ssrc = a.scratch_allocate(4 * kMiB, 0, t.s0);
+    a.set_peer_policy(PeerPolicy::none);  // the scratch copy is staged too
+    a.peer_copy(dst, 1, src, 0, 8 * kMiB, t.s1);
+    a.peer_copy(dst, 1, ssrc, 0, 4 * kMiB, t.s1);
+    a.deallocate(src, 8 * kMiB, 0, t.s0);
+    a.deallocate(ssrc, 4 * kMiB, 0, t.s0);
+    a.trim(0);
+    EXPECT_EQ(t.sim->sticky_error(), Result::success) << (tracked ? "tracked" : "devices");
+    EXPECT_EQ(a.device_stats(0).reserved_bytes, 0u);
+    a.deallocate(dst, 8 * kMiB, 1, t.s1);
+  }
 }
 
 // --- 2. teardown --------------------------------------------------------------
