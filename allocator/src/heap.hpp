@@ -46,6 +46,7 @@ class Heap {
 
   Kind kind() const noexcept { return kind_; }
   int device() const noexcept;
+  DeviceHeap& device_heap() const noexcept { return device_; }
   std::uint64_t pool() const noexcept { return pool_; }
   StreamState* stream() const noexcept { return stream_.load(std::memory_order_acquire); }
   // A retired stream's heap given to a new stream (its old stream is
@@ -141,7 +142,15 @@ class Heap {
   Span* borrow_span(int size_class, StreamState& own, std::uintptr_t* first);
   void drain_lent();
   void give_back_span(Span* s);  // lock_ held
-  void add_live(std::int64_t n) noexcept;
+  // Live bytes up or down (lock_ held); past the watermark the device's
+  // peak is refreshed (device_heap.hpp).
+  void add_live(std::int64_t n) noexcept {
+    const std::int64_t live = live_.load(std::memory_order_relaxed) + n;
+    live_.store(live, std::memory_order_relaxed);
+    if (live > peak_watermark_.load(std::memory_order_relaxed)) [[unlikely]]
+      refresh_watermark(live);
+  }
+  [[gnu::noinline]] void refresh_watermark(std::int64_t live) noexcept;
   WaitSet tokens_now(const Block* b, StreamState* also) const;
 
   DeviceHeap& device_;
