@@ -33,6 +33,10 @@ bool conf_says_expandable(const char* conf) {
 
 }  // namespace
 
+bool torch_baseline_built() noexcept {
+  return GVM_BENCH_HAVE_TORCH != 0;
+}
+
 const char* torch_impl_name() {
   // PyTorch >= 2.8 reads PYTORCH_ALLOC_CONF first, PYTORCH_CUDA_ALLOC_CONF
   // when that is unset.
