@@ -9,8 +9,8 @@
 #
 # Sets GVMALLOC_LIBRARY to BUILD_DIR/allocator/libgvmalloc.so and PYTHONPATH to
 # integrations/python, runs pytest (-s: the tests print losses, peak reserved and
-# step times), and ends with pytest's short summary. Without a GPU, torch or
-# cupy the GPU tests are skipped with the reason; the CPU tests run anywhere.
+# step times), and ends with pytest's short summary. Without a GPU, torch,
+# cupy or numba the GPU tests are skipped with the reason; the CPU tests run anywhere.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Uses no network.
 set -u -o pipefail
 
@@ -49,7 +49,7 @@ rc=${PIPESTATUS[0]}
 echo
 echo "=== python-tests summary ($BUILD, $((SECONDS - start)) s)"
 # The figures the tests print (a line may start after pytest's progress dot).
-sed -nE 's/^(\.|test_[a-z_]+\.py )?((losses |peak reserved:|median step:|mempool: reserved|scratch:|dist rank|cupy:|torch copy_).*)/\2/p' "$LOG" | awk '!seen[$0]++'
+sed -nE 's/^(\.|test_[a-z_]+\.py )?((losses |peak reserved:|median step:|mempool: reserved|scratch:|dist rank|cupy:|numba:|torch copy_).*)/\2/p' "$LOG" | awk '!seen[$0]++'
 grep -E "^(SKIPPED|FAILED|ERROR) |skipped .|^(FAIL|ERROR):" "$LOG"
 tail -n 1 "$LOG"
 exit "$rc"
