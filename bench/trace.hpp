@@ -1,7 +1,7 @@
 // Allocation traces: the reader.
 //
-// Text, one event a line, optionally gzip-compressed (DESIGN.md "Allocation
-// traces"):
+// Text, one event a line, optionally gzip-compressed (docs/replay.md,
+// "Traces"):
 //
 //   a <id> <bytes> <stream>     allocate; <id> names the block until its free
 //   f <id> <stream>             free

@@ -100,7 +100,7 @@ int print_machine(gvm::vmm::Driver& driver, const std::string& label) {
   }
 
   if (caps.size() < 2) return 0;
-  // The policy is the allocator's own choice (DESIGN.md "Peer policy"), with
+  // The policy is the allocator's own choice (docs/peer-access.md, "The policy"), with
   // GVM_CONF applied, so this shows what a program using gvmalloc would get.
   // Constructing an Allocator only reads DeviceCaps: no memory, no access
   // change. A second one with the default config names the automatic choice
