@@ -130,9 +130,9 @@ void torch_empty_cache() {
 
 bool torch_baseline_available(std::string* why) {
   if (why) {
-    *why =
-        "built without PyTorch (CMake found no torch package through python3, "
-        "see docs/benchmarks.md)";
+    // GVM_BENCH_TORCH_WHY: what bench/CMakeLists.txt found.
+    *why = std::string("built without PyTorch (") + GVM_BENCH_TORCH_WHY +
+           "; docs/benchmarks.md says how to build it)";
   }
   return false;
 }

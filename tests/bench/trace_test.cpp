@@ -171,13 +171,11 @@ TEST(TraceReader, EveryErrorNamesItsLine) {
 TEST(TraceReader, HugeFieldsAreNotEchoedInFull) {
   const std::string digits(1000000, '9');
   const std::string junk(1000000, 'k');
-  const std::string quoted_digits = "'" + digits.substr(0, 24) + "...' (1000000 characters)";
-  EXPECT_STREQ(error_of("a 1 " + digits + " 0\n").what(),
-               ("t.trace:1: <bytes> " + quoted_digits + " is too large").c_str());
-  EXPECT_STREQ(error_of("a 1 1" + junk + " 0\n").what(),
-               ("t.trace:1: bad <bytes> '1" + junk.substr(0, 23) +
-                "...' (1000001 characters): expected a non-negative decimal integer")
-                   .c_str());
+  EXPECT_EQ(std::string(error_of("a 1 " + digits + " 0\n").what()),
+            "t.trace:1: <bytes> '999999999999999999999999...' (1000000 characters) is too large");
+  EXPECT_EQ(std::string(error_of("a 1 1" + junk + " 0\n").what()),
+            "t.trace:1: bad <bytes> '1kkkkkkkkkkkkkkkkkkkkkkk...' (1000001 characters): expected a "
+            "non-negative decimal integer");
   EXPECT_LT(std::string(error_of(junk + "\n").what()).size(), 200u);
 }
 
