@@ -2,7 +2,7 @@
 # tools/install-check.sh: the install steps of docs/pytorch.md and docs/cupy.md,
 # followed as a user would, on a GPU machine without network.
 #
-#   tools/install-check.sh [BUILD_DIR]        (BUILD_DIR: build-gpu)
+#   tools/install-check.sh [BUILD_DIR]        (BUILD_DIR: build, the README's)
 #
 # cmake --install BUILD_DIR into a fresh prefix, then, from outside the source
 # tree and with GVMALLOC_LIBRARY unset, PYTHONPATH=<prefix>/lib/python only:
@@ -13,7 +13,7 @@
 set -u -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BUILD=${1:-build-gpu}
+BUILD=${1:-build}
 case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
 PYTHON=${PYTHON:-python3}
 PREFIX=$(mktemp -d)

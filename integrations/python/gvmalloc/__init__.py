@@ -7,8 +7,8 @@
 
 The allocator is one per process, in libgvmalloc.so (found as _lib.py says).
 This module wraps its C ABI (gvm.h; docs/c-api.md): lifecycle, statistics,
-trimming, peer policy. gvmalloc.torch and gvmalloc.cupy plug it into the
-frameworks (docs/pytorch.md, docs/cupy.md). Importing this package loads
+trimming, peer policy. gvmalloc.torch, gvmalloc.cupy and gvmalloc.numba plug it
+into the frameworks (docs/pytorch.md, docs/cupy.md, docs/numba.md). Importing this package loads
 nothing: the library is loaded by the first call that needs it.
 """
 
