@@ -318,6 +318,37 @@ class EnableLogic(unittest.TestCase):
                       out)
 
 
+class SemanticsRunner(unittest.TestCase):
+    """tests/python/_torch_semantics.py's table, over stand-in cases: a failing case, a
+    crash and a timeout are reported as such and the other cases still run."""
+
+    def test_every_outcome_is_reported_and_the_run_goes_on(self):
+        with tempfile.TemporaryDirectory() as out:
+            env = dict(os.environ, GVM_SEMANTICS_STANDIN="_semantics_standin",
+                       PYTHONPATH=os.pathsep.join([_support.HERE, _support.PACKAGE_DIR]))
+            r = subprocess.run([sys.executable, os.path.join(_support.HERE, "_torch_semantics.py"),
+                                "table", "--out", out], capture_output=True, text=True, env=env,
+                               timeout=120)
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)  # something failed
+            import json
+            with open(os.path.join(out, "torch-semantics.json")) as f:
+                rows = {row["case"]: row for row in json.load(f)}
+            with open(os.path.join(out, "torch-semantics.txt")) as f:
+                text = f.read()
+        self.assertEqual({c: rows[c]["native"]["status"] for c in rows},
+                         {c: "pass" for c in rows})
+        gvm = {c: rows[c]["gvm"]["status"] for c in rows}
+        self.assertEqual(gvm, {"passes": "pass", "fails": "fail", "crashes": "CRASH", "after": "pass",
+                               "hangs": "TIMEOUT", "fresh": "pass"})
+        self.assertIn("signal SIGSEGV", rows["crashes"]["gvm"]["detail"]["error"])
+        self.assertIn("differs under gvm", rows["fails"]["gvm"]["detail"]["error"])
+        # The case after the crash ran in a new worker; a fresh case gets its own.
+        self.assertNotEqual(rows["after"]["gvm"]["detail"]["pid"], rows["passes"]["gvm"]["detail"]["pid"])
+        self.assertNotEqual(rows["fresh"]["gvm"]["detail"]["pid"], rows["after"]["gvm"]["detail"]["pid"])
+        self.assertRegex(text, r"crashes +pass +CRASH")
+        self.assertIn("gvmalloc: 1 CRASH, 1 TIMEOUT, 1 fail, 3 pass", text)
+
+
 class PureHelpers(unittest.TestCase):
     def test_merge_conf_puts_the_override_last(self):
         self.assertEqual(gvmalloc.merge_conf("a:1, b:2", "b:3"), "a:1, b:2,b:3")

@@ -41,6 +41,7 @@ TEST_F(Pools, RoutesSendOnlyAcceptedStreamsIntoThePool) {
   const Target t = table.begin(k, [&](void* s) { return s == &capture_stream; }, true, make);
   EXPECT_TRUE(t.capture);
   EXPECT_TRUE(table.any_routes());
+  EXPECT_TRUE(table.capturing());
   EXPECT_EQ(table.route(&capture_stream).pool, t.pool);
   EXPECT_EQ(table.route(&capture_stream).key, k);
   EXPECT_EQ(table.route(&other_stream).pool, 0u);
@@ -49,6 +50,7 @@ TEST_F(Pools, RoutesSendOnlyAcceptedStreamsIntoThePool) {
   ASSERT_TRUE(ended.has_value());
   EXPECT_TRUE(ended->capture);
   EXPECT_FALSE(table.any_routes());
+  EXPECT_FALSE(table.capturing());
   EXPECT_EQ(table.route(&capture_stream).pool, 0u);
   EXPECT_EQ(table.use_count(k), 1);  // the graph keeps the pool until it is reset
   EXPECT_TRUE(table.release(k).has_value());
@@ -72,6 +74,7 @@ TEST_F(Pools, TheFirstOpenRouteThatAcceptsAStreamWins) {
   int s = 0;
   const Target a = table.begin(MempoolKey{0, 1}, [](void*) { return true; }, false, make);
   const Target b = table.begin(MempoolKey{0, 2}, [](void*) { return true; }, false, make);
+  EXPECT_FALSE(table.capturing());
   EXPECT_EQ(table.route(&s).pool, a.pool);
   ASSERT_TRUE(table.end(MempoolKey{0, 1}).has_value());
   EXPECT_EQ(table.route(&s).pool, b.pool);

@@ -40,7 +40,7 @@ _TOO_LATE = ("gvmalloc.torch.enable(): PyTorch's CUDA allocator is already in us
              "program.")
 
 # What a program loses with enable(backend="pluggable"), PyTorch's
-# CUDAPluggableAllocator handing gvmalloc only malloc and free (issue 12).
+# CUDAPluggableAllocator handing gvmalloc only malloc and free.
 PLUGGABLE_LOSES = (
     "Tensor.record_stream is ignored (a block is reused while another stream still reads it)",
     "CUDA graphs (torch.cuda.graph, make_graphed_callables, torch.compile "

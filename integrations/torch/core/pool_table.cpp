@@ -52,6 +52,7 @@ Target PoolTable::begin(MempoolKey key, Filter filter, bool capture, const MakeP
   Entry& e = incref_locked(key, nullptr, make);
   routes_.push_back(Route{key, std::move(filter), capture});
   open_routes_.fetch_add(1, std::memory_order_release);
+  if (capture) open_captures_.fetch_add(1, std::memory_order_release);
   return target_of(key, e, capture);
 }
 
@@ -62,6 +63,7 @@ std::optional<Target> PoolTable::end(MempoolKey key) {
     const bool capture = it->capture;
     routes_.erase(std::next(it).base());
     open_routes_.fetch_sub(1, std::memory_order_release);
+    if (capture) open_captures_.fetch_sub(1, std::memory_order_release);
     auto p = pools_.find(key);
     if (p == pools_.end()) return Target{0, key, nullptr, capture};
     return target_of(key, p->second, capture);

@@ -88,6 +88,8 @@ class PoolTable {
   // accepts it, else the default pool.
   Target route(void* stream) const;
   bool any_routes() const noexcept { return open_routes_.load(std::memory_order_acquire) > 0; }
+  // A CUDA graph capture is open on this device (a route begun with capture).
+  bool capturing() const noexcept { return open_captures_.load(std::memory_order_acquire) > 0; }
 
   // Pools marked use_on_oom (MemPool(use_on_oom=True)): tried when an
   // allocation outside every pool runs out of memory.
@@ -119,6 +121,7 @@ class PoolTable {
   std::unordered_map<MempoolKey, Entry, MempoolKeyHash> pools_;
   std::vector<Route> routes_;
   std::atomic<int> open_routes_{0};
+  std::atomic<int> open_captures_{0};
 };
 
 }  // namespace gvm::torch_backend

@@ -115,7 +115,11 @@ void* Backend::malloc(size_t bytes, c10::DeviceIndex device_index, cudaStream_t 
   std::shared_ptr<c10::GatheredContext> context;
   const bool recording = history_.recording();
   if (recording) context = history_.context_for_alloc();
-  const Target target = ds.pools.route(stream);
+  Target target = ds.pools.route(stream);
+  // While a capture is open on the device, every allocation may have to map
+  // memory where the capture forbids it (one routed by a thread's MemPool
+  // context, too), so each is made in relaxed capture mode.
+  target.capture = target.capture || ds.pools.capturing();
   void* p = allocate_target(bytes, device, stream, target);
   ds.counters.on_alloc(bytes);
   if (recording) {
