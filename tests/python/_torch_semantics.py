@@ -217,7 +217,9 @@ def memory_fraction(alloc):
             if hasattr(torch.cuda, "get_per_process_memory_fraction") else None
         if got is not None:
             assert abs(got - 0.5) < 1e-9, "get_per_process_memory_fraction() is %r" % got
-        ok = int(total * 0.499) - torch.cuda.max_memory_reserved()
+        # What is reserved now counts against the cap too (PyTorch's own test
+        # subtracts max_memory_reserved, the same in a process that just started).
+        ok = int(total * 0.499) - torch.cuda.memory_reserved()
         tmp = torch.empty(ok, dtype=torch.int8, device="cuda")
         del tmp
         torch.cuda.empty_cache()
@@ -936,32 +938,43 @@ class Worker:
         self.err = open(self.err_path, "w")
         self.eof = False
         self.proc = subprocess.Popen([sys.executable, "-u", __file__, "worker", alloc],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err,
-                                     text=True, bufsize=1)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err)
+        self.pending = b""  # read from the worker, not yet a whole line
         self.ready = self._read_until("GVM_READY", 300) is not None
 
     def _read_until(self, prefix, timeout):
+        """The rest of the first line from the worker that starts with `prefix`; other
+        lines are echoed. None on timeout or when the worker's output ends (self.eof).
+        Reads the pipe unbuffered, so that select() sees every line that is not yet taken."""
         deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
         while True:
+            while b"\n" in self.pending:
+                raw, self.pending = self.pending.split(b"\n", 1)
+                line = raw.decode(errors="replace")
+                if line.startswith(prefix):
+                    return line[len(prefix):].strip()
+                sys.stdout.write("    [%s] %s\n" % (self.alloc, line))
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            r, _, _ = select.select([self.proc.stdout], [], [], left)
+            r, _, _ = select.select([fd], [], [], left)
             if not r:
                 return None
-            line = self.proc.stdout.readline()
-            if not line:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
                 self.eof = True  # the worker died
                 return None
-            if line.startswith(prefix):
-                return line[len(prefix):].strip()
-            sys.stdout.write("    [%s] %s" % (self.alloc, line))
+            self.pending += chunk
 
     def run(self, name, timeout):
         if not self.ready:
             return self._died(name, "the worker did not start")
-        self.proc.stdin.write(name + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write((name + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            return self._died(name, "the worker had died")
         line = self._read_until("GVM_CASE ", timeout)
         if line is not None:
             return json.loads(line)

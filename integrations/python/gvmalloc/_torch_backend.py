@@ -13,6 +13,7 @@ checks and their messages are tested on machines without it.
 
 import ctypes
 import threading
+import warnings
 
 from . import _lib
 
@@ -101,6 +102,8 @@ def install(running_version, gvmalloc_library, environ=None):
         status = lib.gvm_torch_install(running_version.encode(), buf, len(buf))
         message = buf.value.decode(errors="replace")
         if status == INSTALLED:
+            if message:
+                warnings.warn(message, RuntimeWarning, stacklevel=3)
             return path
         if status == VERSION_MISMATCH:
             raise TorchVersionMismatch(message)

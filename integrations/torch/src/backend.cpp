@@ -336,7 +336,13 @@ void Backend::init(int device_count) {
   if (fraction < 1.0) {
     // PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:f is honoured; the
     // rest of PyTorch's allocator settings are its own (gvmalloc reads GVM_CONF).
-    for (int d = 0; d < device_count; ++d) setMemoryFraction(fraction, static_cast<c10::DeviceIndex>(d));
+    // A failure here must not fail CUDA's start: it is said, not raised.
+    try {
+      for (int d = 0; d < device_count; ++d) setMemoryFraction(fraction, static_cast<c10::DeviceIndex>(d));
+    } catch (const c10::Error& e) {
+      TORCH_WARN("gvmalloc: PYTORCH_CUDA_ALLOC_CONF's per_process_memory_fraction:", fraction,
+                 " is not applied: ", e.what_without_backtrace());
+    }
   }
   initialized_.store(true, std::memory_order_release);
 }

@@ -90,14 +90,17 @@ GVM_TORCH_API int gvm_torch_install(const char* running_torch_version, char* mes
     // c10::Allocator).
     cca::allocator.store(&backend);
     c10::SetAllocator(c10::DeviceType::CUDA, &backend, /*priority=*/0);
+    g_installed = true;
     if (c10::GetAllocator(c10::DeviceType::CUDA) != &backend) {
-      cca::allocator.store(current);
-      return report(kFailed,
-                    "another CUDA allocator holds c10::GetAllocator(kCUDA) at a higher priority; "
-                    "gvmalloc was not installed",
+      // Tensors and torch.cuda.memory_* use the pointer above; only code that
+      // asks c10::GetAllocator(kCUDA) (torch.accelerator's memory functions)
+      // would still see the other allocator.
+      return report(kInstalled,
+                    "gvmalloc is PyTorch's CUDA allocator, but another allocator holds "
+                    "c10::GetAllocator(kCUDA) at a higher priority: torch.accelerator's memory "
+                    "functions will not see gvmalloc",
                     message, message_size);
     }
-    g_installed = true;
     return report(kInstalled, "", message, message_size);
   } catch (const std::exception& e) {
     return report(kFailed, e.what(), message, message_size);
