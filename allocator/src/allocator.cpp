@@ -42,8 +42,19 @@ void* Allocator::allocate(std::size_t bytes, int device, vmm::StreamHandle strea
                         caps.name + "): tried to allocate " + detail::format_bytes(bytes) +
                         ", more than the device's " + detail::format_bytes(caps.total_memory));
   detail::DeviceHeap& h = im.heap(device);
-  if (bytes <= h.small_max()) return h.allocate_small(im.cache(h, device, stream), bytes);
-  return h.allocate_large(bytes, stream);
+  auto once = [&] {
+    if (bytes <= h.small_max()) return h.allocate_small(im.cache(h, device, stream), bytes);
+    return h.allocate_large(bytes, stream);
+  };
+  try {
+    return once();
+  } catch (const out_of_memory&) {
+    // The reserve cap counts the scratch too: its cached chunks go back
+    // (behind the fence) before the arena gives up. Outside the arena's
+    // locks, so that no heap's lock is held while another's is taken.
+    if (!im.release_other_heap(device, &h)) throw;
+    return once();
+  }
 }
 
 void Allocator::deallocate(void* ptr, std::size_t bytes, int device, vmm::StreamHandle stream) {
@@ -136,6 +147,14 @@ std::string Allocator::snapshot_json() const {
     j += ",\"config\":\"" + to_string(impl_->config_) + "\"}";
   }
   return j;
+}
+
+std::vector<SegmentInfo> Allocator::memory_map(int device) const {
+  impl_->check_device(device, "memory_map");
+  std::vector<SegmentInfo> out;
+  if (auto* h = impl_->existing_heap(device); h != nullptr) h->memory_map(out);
+  if (auto* h = impl_->existing_scratch(device); h != nullptr) h->memory_map(out);
+  return out;
 }
 
 bool Allocator::check_invariants(std::string* why) const {

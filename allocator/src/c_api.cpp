@@ -25,6 +25,7 @@
 #include "gvm/config.hpp"
 #include "gvm/errors.hpp"
 #include "gvm/gvm.h"
+#include "gvm/process_allocator.hpp"
 #include "gvm/vmm/cuda_driver.hpp"
 #include "gvm/vmm/sim_driver.hpp"
 
@@ -198,6 +199,19 @@ void* malloc_block(Instance& inst, std::size_t size, int device, void* stream,
 }
 
 }  // namespace
+
+Allocator& process_allocator() {
+  Instance* inst = g_instance.load(std::memory_order_acquire);
+  if (inst != nullptr) return *inst->allocator;
+  std::lock_guard<std::mutex> lock(g_lifecycle);
+  inst = g_instance.load(std::memory_order_acquire);
+  if (inst == nullptr) {
+    start_real(nullptr);
+    inst = g_instance.load(std::memory_order_acquire);
+  }
+  return *inst->allocator;
+}
+
 }  // namespace gvm
 
 using gvm::Instance;

@@ -584,6 +584,58 @@ TEST_P(AllocatorSuite, StatsEqualWhatTheTestDid) {
   }
 }
 
+TEST_P(AllocatorSuite, MemoryMapTilesTheReservedBytesAndNamesEveryLiveBlock) {
+  EXPECT_TRUE(alloc().memory_map(0).empty());
+  std::vector<Held> held = {take(100), take(3000), take(unit() + 9), take(kMiB + 1),
+                            take(2 * unit(), 0, stream(0))};
+  give(held[1]);
+  const DeviceStats s = dstats();
+  const std::vector<SegmentInfo> map = alloc().memory_map(0);
+  std::size_t reserved = 0, live = 0;
+  for (const SegmentInfo& seg : map) {
+    EXPECT_EQ(seg.device, 0);
+    EXPECT_FALSE(seg.scratch);
+    reserved += seg.size;
+    std::uintptr_t at = seg.addr;
+    for (const BlockInfo& b : seg.blocks) {
+      EXPECT_EQ(b.addr, at) << "blocks must tile the segment in address order";
+      at += b.size;
+      if (b.allocated) {
+        live += b.size;
+        EXPECT_GE(b.size, b.requested);
+      } else {
+        EXPECT_EQ(b.requested, 0u);
+      }
+    }
+    EXPECT_EQ(at, seg.addr + seg.size);
+  }
+  EXPECT_EQ(reserved, s.reserved_bytes);
+  EXPECT_EQ(live, s.live_bytes);
+  // Each live block appears once, with what was asked for (large) or its
+  // slot (small), and on its stream.
+  for (std::size_t i = 0; i < held.size(); ++i) {
+    if (i == 1) continue;
+    int found = 0;
+    for (const SegmentInfo& seg : map)
+      for (const BlockInfo& b : seg.blocks)
+        if (b.allocated && b.addr == addr_of(held[i].p)) {
+          ++found;
+          EXPECT_EQ(b.stream, held[i].stream);
+          if (held[i].bytes > alloc().config().small_block_max_bytes) {
+            EXPECT_FALSE(b.small);
+            EXPECT_EQ(b.requested, held[i].bytes);
+          } else {
+            EXPECT_TRUE(b.small);
+            EXPECT_EQ(b.size, held[i].charged);
+          }
+        }
+    EXPECT_EQ(found, 1) << held[i].bytes;
+  }
+  for (std::size_t i = 0; i < held.size(); ++i)
+    if (i != 1) give(held[i]);
+  EXPECT_THROW(alloc().memory_map(devices()), usage_error);
+}
+
 TEST_P(AllocatorSuite, SnapshotJsonParsesAndMatchesTheStats) {
   std::vector<Held> held = {take(100), take(unit() + 9)};
   if (devices() > 1) held.push_back(take(5000, 1));

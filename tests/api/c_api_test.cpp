@@ -12,6 +12,7 @@
 #include "c_api_errors.hpp"
 #include "gvm/errors.hpp"
 #include "gvm/gvm.h"
+#include "gvm/process_allocator.hpp"
 #include "gvm/vmm/cuda_driver.hpp"
 #include "json_check.hpp"
 
@@ -295,6 +296,24 @@ TEST_F(CApi, MallocFreeRoundTrips) {
   EXPECT_EQ(s1.reserved_bytes, s0.reserved_bytes);
   EXPECT_EQ(gvm_free(again, 3 * kMiB, 0, nullptr), GVM_OK);
   EXPECT_EQ(gvm_last_status(), GVM_OK) << gvm_last_error();
+}
+
+TEST_F(CApi, ProcessAllocatorIsTheOneTheCEntryPointsServe) {
+  start();
+  Allocator& a = process_allocator();
+  EXPECT_EQ(a.device_count(), kDevices);
+  // A block from the C ABI is a block of the C++ allocator, and back.
+  void* p = gvm_malloc(5 * kMiB, 1, nullptr);
+  ASSERT_NE(p, nullptr) << gvm_last_error();
+  EXPECT_EQ(a.device_stats(1).allocations, 1u);
+  void* q = a.allocate(3000, 1, nullptr);
+  gvm_device_stats_t s{};
+  ASSERT_EQ(gvm_device_stats(1, &s), GVM_OK);
+  EXPECT_EQ(s.allocations, 2u);
+  a.deallocate(p, 5 * kMiB, 1, nullptr);
+  EXPECT_EQ(gvm_free(q, 3000, 1, nullptr), GVM_OK) << gvm_last_error();
+  EXPECT_EQ(a.device_stats(1).live_bytes, 0u);
+  EXPECT_EQ(&process_allocator(), &a);
 }
 
 TEST_F(CApi, BadFreesAreRefusedAndChangeNothing) {

@@ -16,6 +16,7 @@
 
 #include "gvm/config.hpp"
 #include "gvm/errors.hpp"
+#include "gvm/memory_map.hpp"
 #include "gvm/stats.hpp"
 #include "gvm/vmm/device_caps.hpp"
 #include "gvm/vmm/driver.hpp"
@@ -101,6 +102,11 @@ class Allocator {
   DeviceStats device_stats(int device) const;
   // The stats as one JSON object (see stats.hpp), plus the config.
   std::string snapshot_json() const;
+
+  // Every segment of `device` (arena and scratch) with its blocks, in address
+  // order within each heap. Takes every lock of the device: for snapshots and
+  // analysis, not the hot path.
+  std::vector<SegmentInfo> memory_map(int device) const;
 
   // Invariant checker: blocks do not overlap, every byte of each arena is in
   // exactly one block, every live block lies in mapped chunks, and the stats
