@@ -103,6 +103,8 @@ class CAbiAllocator {
 
 #if GVM_TORCH_HAVE_PROCESS_ALLOCATOR
 using Underlying = Allocator;
+// Asked at every call, not kept: it is valid only until gvm_shutdown(), and
+// one atomic load.
 Underlying& underlying() { return process_allocator(); }
 #else
 using Underlying = CAbiAllocator;
@@ -347,7 +349,7 @@ std::string Capabilities::to_string() const {
 
 class AllocatorAdapter::Impl {
  public:
-  Underlying& u = underlying();
+  static Underlying& u() { return underlying(); }
   BlockTable table;  // only when the allocator cannot look a block up (kPtrDeallocate false)
 };
 
@@ -376,44 +378,44 @@ Capabilities AllocatorAdapter::capabilities() noexcept {
 }
 
 void* AllocatorAdapter::allocate(std::size_t bytes, int device, void* stream, PoolId pool) {
-  return allocate_tracked(impl_->u, impl_->table, bytes, device, stream, pool);
+  return allocate_tracked(impl_->u(), impl_->table, bytes, device, stream, pool);
 }
 
-FreedBlock AllocatorAdapter::deallocate(void* ptr) { return deallocate_tracked(impl_->u, impl_->table, ptr); }
+FreedBlock AllocatorAdapter::deallocate(void* ptr) { return deallocate_tracked(impl_->u(), impl_->table, ptr); }
 
 void AllocatorAdapter::record_stream(void* ptr, void* stream, int stream_device) {
-  impl_->u.record_stream(ptr, stream, stream_device);
+  impl_->u().record_stream(ptr, stream, stream_device);
 }
 
-PoolId AllocatorAdapter::create_pool(int device) { return create_pool_in(impl_->u, device); }
-void AllocatorAdapter::release_pool(PoolId pool) { release_pool_in(impl_->u, pool); }
-void AllocatorAdapter::begin_capture(PoolId pool) { begin_capture_in(impl_->u, pool); }
-void AllocatorAdapter::end_capture(PoolId pool) { end_capture_in(impl_->u, pool); }
+PoolId AllocatorAdapter::create_pool(int device) { return create_pool_in(impl_->u(), device); }
+void AllocatorAdapter::release_pool(PoolId pool) { release_pool_in(impl_->u(), pool); }
+void AllocatorAdapter::begin_capture(PoolId pool) { begin_capture_in(impl_->u(), pool); }
+void AllocatorAdapter::end_capture(PoolId pool) { end_capture_in(impl_->u(), pool); }
 
 void* AllocatorAdapter::allocate_at(void* addr, std::size_t bytes, void* stream, PoolId pool) {
-  return allocate_at_in(impl_->u, addr, bytes, stream, pool);
+  return allocate_at_in(impl_->u(), addr, bytes, stream, pool);
 }
 
-void AllocatorAdapter::trim(int device) { impl_->u.trim(device); }
-void AllocatorAdapter::trim_pool(PoolId pool, int device) { trim_pool_in(impl_->u, pool, device); }
-DeviceStats AllocatorAdapter::device_stats(int device) const { return impl_->u.device_stats(device); }
+void AllocatorAdapter::trim(int device) { impl_->u().trim(device); }
+void AllocatorAdapter::trim_pool(PoolId pool, int device) { trim_pool_in(impl_->u(), pool, device); }
+DeviceStats AllocatorAdapter::device_stats(int device) const { return impl_->u().device_stats(device); }
 
 std::size_t AllocatorAdapter::largest_cached_block(int device) const {
-  return largest_cached_in(impl_->u, device);
+  return largest_cached_in(impl_->u(), device);
 }
 
 void AllocatorAdapter::set_memory_fraction(int device, double fraction) {
-  set_fraction_in(impl_->u, device, fraction);
+  set_fraction_in(impl_->u(), device, fraction);
 }
 
-double AllocatorAdapter::memory_fraction(int device) const { return fraction_in(impl_->u, device); }
-void AllocatorAdapter::reset_peak_stats(int device) { reset_peak_in(impl_->u, device); }
+double AllocatorAdapter::memory_fraction(int device) const { return fraction_in(impl_->u(), device); }
+void AllocatorAdapter::reset_peak_stats(int device) { reset_peak_in(impl_->u(), device); }
 
 std::vector<SegmentView> AllocatorAdapter::memory_map(int device) const {
-  return memory_map_in(impl_->u, device);
+  return memory_map_in(impl_->u(), device);
 }
 
-std::string AllocatorAdapter::config_text() const { return config_in(impl_->u); }
+std::string AllocatorAdapter::config_text() const { return config_in(impl_->u()); }
 
 std::size_t AllocatorAdapter::tracked_blocks() const { return impl_->table.size(); }
 

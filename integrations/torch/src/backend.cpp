@@ -46,16 +46,21 @@ void set_stat(c10::CachingAllocator::Stat& out, const StatValue& v) {
 
 std::int64_t as_i64(std::uint64_t v) { return static_cast<std::int64_t>(v); }
 
-// The free and total memory of `device` (0, 0 if the driver cannot say).
+// The free and total memory of `device` (0, 0 if the runtime cannot say: an
+// error is being raised when this is asked, and must stay the error raised).
 std::pair<std::size_t, std::size_t> device_memory(int device) {
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  std::size_t free = 0;
-  std::size_t total = 0;
-  if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
-    (void)cudaGetLastError();
+  try {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    std::size_t free = 0;
+    std::size_t total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return {0, 0};
+    }
+    return {free, total};
+  } catch (const c10::Error&) {
     return {0, 0};
   }
-  return {free, total};
 }
 
 // The PyTorch profiler's memory view (profile_memory=True) learns every
