@@ -1,7 +1,5 @@
 // The PyTorch backend over the simulated driver: what it reports to PyTorch
 // for the blocks gvmalloc serves, without torch's Python side or a GPU.
-#include "backend.hpp"
-
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
@@ -10,7 +8,9 @@
 #include <thread>
 #include <vector>
 
+#include "backend.hpp"
 #include "gvm/gvm.h"
+#include "pool_checkpoint.hpp"
 
 namespace gvm::torch_backend {
 namespace {
@@ -20,7 +20,9 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 struct FakeContext : c10::GatheredContext {
   int id = 7;
 };
-std::shared_ptr<c10::GatheredContext> fake_recorder() { return std::make_shared<FakeContext>(); }
+std::shared_ptr<c10::GatheredContext> fake_recorder() {
+  return std::make_shared<FakeContext>();
+}
 
 class BackendSim : public ::testing::Test {
  protected:
@@ -31,7 +33,9 @@ class BackendSim : public ::testing::Test {
   Backend& b = Backend::instance();
   Capabilities caps = AllocatorAdapter::capabilities();
 
-  std::int64_t allocated(int pool = kStatAll) { return b.getDeviceStats(0).allocated_bytes[pool].current; }
+  std::int64_t allocated(int pool = kStatAll) {
+    return b.getDeviceStats(0).allocated_bytes[pool].current;
+  }
   std::size_t gvm_reserved() {
     gvm_device_stats_t s{};
     EXPECT_EQ(gvm_device_stats(0, &s), GVM_OK);
@@ -114,7 +118,8 @@ TEST_F(BackendSim, OutOfMemoryIsPyTorchsErrorAndTheObserversSeeItFirst) {
     b.malloc(std::size_t{1024} * 1024 * 1024 * 8000000000ull, 0, nullptr);
     FAIL() << "no error for 8e9 GiB";
   } catch (const c10::OutOfMemoryError& e) {
-    EXPECT_NE(std::string(e.what()).find("Tried to allocate 8000000000.00 GiB"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Tried to allocate 8000000000.00 GiB"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -148,7 +153,8 @@ TEST_F(BackendSim, ASnapshotShowsEachSegmentAndBlock) {
   size_t size = 0;
   void* base = b.getBaseAllocation(static_cast<char*>(p) + 4096, &size);
   EXPECT_LE(reinterpret_cast<std::uintptr_t>(base), reinterpret_cast<std::uintptr_t>(p));
-  EXPECT_GT(reinterpret_cast<std::uintptr_t>(base) + size, reinterpret_cast<std::uintptr_t>(p) + 5 * MiB - 1);
+  EXPECT_GT(reinterpret_cast<std::uintptr_t>(base) + size,
+            reinterpret_cast<std::uintptr_t>(p) + 5 * MiB - 1);
   b.raw_delete(p);
 }
 
@@ -180,7 +186,8 @@ TEST_F(BackendSim, HistoryRecordsAllocAndFreeWithTheirStacks) {
     for (const auto& s : info.segments) {
       std::size_t addr = s.address;
       for (const auto& blk : s.blocks) {
-        if (addr == reinterpret_cast<std::size_t>(kept)) with_stack = blk.context_when_allocated != nullptr;
+        if (addr == reinterpret_cast<std::size_t>(kept))
+          with_stack = blk.context_when_allocated != nullptr;
         addr += blk.size;
       }
     }
@@ -197,8 +204,9 @@ TEST_F(BackendSim, HistoryRecordsAllocAndFreeWithTheirStacks) {
   b.recordHistory(false, &fake_recorder, 1, cda::RecordContext::NEVER, false, {});
   EXPECT_FALSE(b.isHistoryEnabled());
   EXPECT_TRUE(b.snapshot({0, 0}, true).device_traces[0].empty());
-  EXPECT_THROW(b.recordHistory(true, &fake_recorder, 10, cda::RecordContext::ALL, false, {"nonsense"}),
-               c10::Error);
+  EXPECT_THROW(
+      b.recordHistory(true, &fake_recorder, 10, cda::RecordContext::ALL, false, {"nonsense"}),
+      c10::Error);
   b.raw_delete(kept);
 }
 
@@ -257,7 +265,8 @@ TEST_F(BackendSim, ThreadsAllocatingAndFreeingLeaveExactCounts) {
     threads.emplace_back([this, t] {
       std::vector<void*> held;
       for (int i = 0; i < 2000; ++i) {
-        held.push_back(b.malloc(static_cast<std::size_t>(512 + (i * 7919 + t) % (3 * MiB)), 0, nullptr));
+        held.push_back(
+            b.malloc(static_cast<std::size_t>(512 + (i * 7919 + t) % (3 * MiB)), 0, nullptr));
         if (held.size() > 8) {
           b.raw_delete(held.front());
           held.erase(held.begin());
@@ -272,6 +281,25 @@ TEST_F(BackendSim, ThreadsAllocatingAndFreeingLeaveExactCounts) {
   EXPECT_EQ(s.allocated_bytes[kStatAll].current, s0.allocated_bytes[kStatAll].current);
   EXPECT_EQ(s.requested_bytes[kStatAll].current, s0.requested_bytes[kStatAll].current);
   EXPECT_EQ(s.allocation[kStatAll].allocated - s0.allocation[kStatAll].allocated, 8000);
+}
+
+TEST(PoolCheckpointPlan, FreesWhatIsNewAndRestoresWhatWasFreed) {
+  PoolCheckpoint then;
+  then.live = {BlockView{0x1000, 512, 500, true, true, nullptr},
+               BlockView{0x2000, 1024, 1000, true, true, nullptr}};
+  const std::vector<BlockView> now = {
+      BlockView{0x2000, 1024, 1000, true, true, nullptr},   // unchanged
+      BlockView{0x3000, 512, 512, true, true, nullptr},     // new since
+      BlockView{0x1000, 1024, 1024, true, true, nullptr}};  // reused, other size
+  const CheckpointPlan plan = plan_restore(then, now);
+  EXPECT_EQ(plan.to_free,
+            (std::vector<void*>{reinterpret_cast<void*>(0x3000), reinterpret_cast<void*>(0x1000)}));
+  ASSERT_EQ(plan.to_restore.size(), 1u);
+  EXPECT_EQ(plan.to_restore[0].addr, 0x1000u);
+  EXPECT_EQ(plan.to_restore[0].requested, 500u);
+  const CheckpointPlan same = plan_restore(then, then.live);
+  EXPECT_TRUE(same.to_free.empty());
+  EXPECT_TRUE(same.to_restore.empty());
 }
 
 }  // namespace

@@ -117,7 +117,8 @@ TEST_F(Adapter, MemoryMapWorksOrSaysWhatIsMissing) {
 
 TEST_F(Adapter, RestoringACheckpointBlockWorksOrSaysWhatIsMissing) {
   if (!caps.allocate_at) {
-    EXPECT_THROW(a.allocate_at(reinterpret_cast<void*>(0x10000), 4096, nullptr, 1), api_unavailable);
+    EXPECT_THROW(a.allocate_at(reinterpret_cast<void*>(0x10000), 4096, nullptr, 1),
+                 api_unavailable);
   }
 }
 

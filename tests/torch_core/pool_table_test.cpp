@@ -38,7 +38,8 @@ TEST_F(Pools, RoutesSendOnlyAcceptedStreamsIntoThePool) {
   int other_stream = 0;
   const MempoolKey k{5, 0};
   EXPECT_FALSE(table.any_routes());
-  const Target t = table.begin(k, [&](void* s) { return s == &capture_stream; }, true, make);
+  const Target t = table.begin(
+      k, [&](void* s) { return s == &capture_stream; }, true, make);
   EXPECT_TRUE(t.capture);
   EXPECT_TRUE(table.any_routes());
   EXPECT_TRUE(table.capturing());
@@ -59,9 +60,11 @@ TEST_F(Pools, RoutesSendOnlyAcceptedStreamsIntoThePool) {
 TEST_F(Pools, TwoGraphsShareOnePool) {
   const MempoolKey k{0, 3};  // torch.cuda.graph_pool_handle()
   int s1 = 0;
-  const Target a = table.begin(k, [&](void* s) { return s == &s1; }, true, make);
+  const Target a = table.begin(
+      k, [&](void* s) { return s == &s1; }, true, make);
   ASSERT_TRUE(table.end(k).has_value());
-  const Target b = table.begin(k, [&](void* s) { return s == &s1; }, true, make);
+  const Target b = table.begin(
+      k, [&](void* s) { return s == &s1; }, true, make);
   ASSERT_TRUE(table.end(k).has_value());
   EXPECT_EQ(a.pool, b.pool);
   EXPECT_EQ(made, 1);
@@ -72,15 +75,19 @@ TEST_F(Pools, TwoGraphsShareOnePool) {
 
 TEST_F(Pools, TheFirstOpenRouteThatAcceptsAStreamWins) {
   int s = 0;
-  const Target a = table.begin(MempoolKey{0, 1}, [](void*) { return true; }, false, make);
-  const Target b = table.begin(MempoolKey{0, 2}, [](void*) { return true; }, false, make);
+  const Target a = table.begin(
+      MempoolKey{0, 1}, [](void*) { return true; }, false, make);
+  const Target b = table.begin(
+      MempoolKey{0, 2}, [](void*) { return true; }, false, make);
   EXPECT_FALSE(table.capturing());
   EXPECT_EQ(table.route(&s).pool, a.pool);
   ASSERT_TRUE(table.end(MempoolKey{0, 1}).has_value());
   EXPECT_EQ(table.route(&s).pool, b.pool);
 }
 
-TEST_F(Pools, EndWithoutBeginSaysSo) { EXPECT_FALSE(table.end(MempoolKey{0, 9}).has_value()); }
+TEST_F(Pools, EndWithoutBeginSaysSo) {
+  EXPECT_FALSE(table.end(MempoolKey{0, 9}).has_value());
+}
 
 TEST_F(Pools, TheDefaultPoolIsNotAPrivatePool) {
   EXPECT_THROW(table.create_or_incref(MempoolKey{}, nullptr, make), std::invalid_argument);
@@ -92,7 +99,8 @@ TEST_F(Pools, APoolWithItsOwnAllocatorHasNoGvmallocPool) {
   const MempoolKey k{0, 4};
   table.create_or_incref(k, custom, make);
   EXPECT_EQ(made, 0);
-  const Target t = table.begin(k, [](void*) { return true; }, false, make);
+  const Target t = table.begin(
+      k, [](void*) { return true; }, false, make);
   EXPECT_EQ(t.custom, custom);
   EXPECT_THROW(table.create_or_incref(k, std::make_shared<int>(2), make), std::invalid_argument);
   ASSERT_TRUE(table.end(k).has_value());
@@ -102,8 +110,12 @@ TEST_F(Pools, APoolWithItsOwnAllocatorHasNoGvmallocPool) {
 }
 
 TEST_F(Pools, AFailedPoolCreationAddsNothing) {
-  PoolTable::MakePool failing = []() -> PoolId { throw std::runtime_error("no pools in this gvmalloc"); };
-  EXPECT_THROW(table.begin(MempoolKey{1, 0}, [](void*) { return true; }, true, failing), std::runtime_error);
+  PoolTable::MakePool failing = []() -> PoolId {
+    throw std::runtime_error("no pools in this gvmalloc");
+  };
+  EXPECT_THROW(table.begin(
+                   MempoolKey{1, 0}, [](void*) { return true; }, true, failing),
+               std::runtime_error);
   EXPECT_FALSE(table.any_routes());
   EXPECT_EQ(table.use_count(MempoolKey{1, 0}), 0);
 }

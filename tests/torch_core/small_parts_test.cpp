@@ -67,7 +67,9 @@ TEST(BlockTable, ThreadsOnDifferentBlocks) {
   EXPECT_EQ(t.size(), 4u * 2500u);
 }
 
-TEST(VersionCheck, TheSameVersionPasses) { EXPECT_EQ(version_mismatch("2.11.0+cu130", "2.11.0+cu130"), ""); }
+TEST(VersionCheck, TheSameVersionPasses) {
+  EXPECT_EQ(version_mismatch("2.11.0+cu130", "2.11.0+cu130"), "");
+}
 
 TEST(VersionCheck, AnotherVersionNamesBothAndTheWayOut) {
   const std::string m = version_mismatch("2.11.0+cu130", "2.11.0+cu128");
@@ -96,7 +98,9 @@ TEST(Messages, OutOfMemorySaysWhatWasAskedAndWhy) {
   f.reason = "device 0 cannot map 3 GiB more (memory_fraction 0.5 reached)";
   const std::string m = oom_message(f);
   EXPECT_EQ(m.rfind("CUDA out of memory. Tried to allocate 3.00 GiB.", 0), 0u) << m;
-  EXPECT_NE(m.find("GPU 0 has a total capacity of 140.00 GiB of which 1024.00 MiB is free"), std::string::npos) << m;
+  EXPECT_NE(m.find("GPU 0 has a total capacity of 140.00 GiB of which 1024.00 MiB is free"),
+            std::string::npos)
+      << m;
   EXPECT_NE(m.find("2.00 GiB is reserved by gvmalloc but unallocated"), std::string::npos) << m;
   EXPECT_NE(m.find("gvmalloc: device 0 cannot map"), std::string::npos) << m;
 }

@@ -18,8 +18,8 @@ TEST(StatCounters, RoundsAndClassifiesRequestsAsPyTorchDoes) {
 
 TEST(StatCounters, AllocationsAndFreesMoveCurrentAndPeak) {
   DeviceCounters c;
-  c.on_alloc(100);        // small: 512 bytes
-  c.on_alloc(3u << 20);   // large
+  c.on_alloc(100);       // small: 512 bytes
+  c.on_alloc(3u << 20);  // large
   CountersSnapshot s = c.read();
   EXPECT_EQ(s.allocation[kStatAll].current, 2);
   EXPECT_EQ(s.allocation[kStatSmall].current, 1);

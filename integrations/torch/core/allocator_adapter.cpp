@@ -105,7 +105,9 @@ class CAbiAllocator {
 using Underlying = Allocator;
 // Asked at every call, not kept: it is valid only until gvm_shutdown(), and
 // one atomic load.
-Underlying& underlying() { return process_allocator(); }
+Underlying& underlying() {
+  return process_allocator();
+}
 #else
 using Underlying = CAbiAllocator;
 Underlying& underlying() {
@@ -132,8 +134,9 @@ static_assert(kPoolAllocate && kCapture && kPtrDeallocate && kMemoryFraction && 
 #endif
 
 [[noreturn]] void unavailable(const char* what, const char* needs) {
-  throw api_unavailable(std::string("gvmalloc's PyTorch backend: ") + what + " needs gvm::Allocator::" +
-                        needs + ", which this gvmalloc build does not have yet (docs/pytorch.md, "
+  throw api_unavailable(std::string("gvmalloc's PyTorch backend: ") + what +
+                        " needs gvm::Allocator::" + needs +
+                        ", which this gvmalloc build does not have yet (docs/pytorch.md, "
                         "\"What the backend needs from the allocator\")");
 }
 
@@ -144,7 +147,9 @@ void* allocate_in(U& u, std::size_t bytes, int device, void* stream, PoolId pool
   if constexpr (has_pool_allocate<U>) {
     return u.allocate(bytes, device, stream, pool);
   } else {
-    if (pool != 0) unavailable("allocating in a private pool (CUDA graphs, MemPool)", "allocate(bytes, device, stream, pool)");
+    if (pool != 0)
+      unavailable("allocating in a private pool (CUDA graphs, MemPool)",
+                  "allocate(bytes, device, stream, pool)");
     return u.allocate(bytes, device, stream);
   }
 }
@@ -286,7 +291,8 @@ FreedBlock deallocate_tracked(U& u, BlockTable& table, void* ptr) {
   } else {
     auto r = table.take(ptr);
     if (!r) {
-      throw usage_error("free of an address gvmalloc's PyTorch backend did not hand out (or a double free)");
+      throw usage_error(
+          "free of an address gvmalloc's PyTorch backend did not hand out (or a double free)");
     }
     try {
       u.deallocate(ptr, r->requested, r->device, r->stream);
@@ -381,24 +387,40 @@ void* AllocatorAdapter::allocate(std::size_t bytes, int device, void* stream, Po
   return allocate_tracked(impl_->u(), impl_->table, bytes, device, stream, pool);
 }
 
-FreedBlock AllocatorAdapter::deallocate(void* ptr) { return deallocate_tracked(impl_->u(), impl_->table, ptr); }
+FreedBlock AllocatorAdapter::deallocate(void* ptr) {
+  return deallocate_tracked(impl_->u(), impl_->table, ptr);
+}
 
 void AllocatorAdapter::record_stream(void* ptr, void* stream, int stream_device) {
   impl_->u().record_stream(ptr, stream, stream_device);
 }
 
-PoolId AllocatorAdapter::create_pool(int device) { return create_pool_in(impl_->u(), device); }
-void AllocatorAdapter::release_pool(PoolId pool) { release_pool_in(impl_->u(), pool); }
-void AllocatorAdapter::begin_capture(PoolId pool) { begin_capture_in(impl_->u(), pool); }
-void AllocatorAdapter::end_capture(PoolId pool) { end_capture_in(impl_->u(), pool); }
+PoolId AllocatorAdapter::create_pool(int device) {
+  return create_pool_in(impl_->u(), device);
+}
+void AllocatorAdapter::release_pool(PoolId pool) {
+  release_pool_in(impl_->u(), pool);
+}
+void AllocatorAdapter::begin_capture(PoolId pool) {
+  begin_capture_in(impl_->u(), pool);
+}
+void AllocatorAdapter::end_capture(PoolId pool) {
+  end_capture_in(impl_->u(), pool);
+}
 
 void* AllocatorAdapter::allocate_at(void* addr, std::size_t bytes, void* stream, PoolId pool) {
   return allocate_at_in(impl_->u(), addr, bytes, stream, pool);
 }
 
-void AllocatorAdapter::trim(int device) { impl_->u().trim(device); }
-void AllocatorAdapter::trim_pool(PoolId pool, int device) { trim_pool_in(impl_->u(), pool, device); }
-DeviceStats AllocatorAdapter::device_stats(int device) const { return impl_->u().device_stats(device); }
+void AllocatorAdapter::trim(int device) {
+  impl_->u().trim(device);
+}
+void AllocatorAdapter::trim_pool(PoolId pool, int device) {
+  trim_pool_in(impl_->u(), pool, device);
+}
+DeviceStats AllocatorAdapter::device_stats(int device) const {
+  return impl_->u().device_stats(device);
+}
 
 std::size_t AllocatorAdapter::largest_cached_block(int device) const {
   return largest_cached_in(impl_->u(), device);
@@ -408,15 +430,23 @@ void AllocatorAdapter::set_memory_fraction(int device, double fraction) {
   set_fraction_in(impl_->u(), device, fraction);
 }
 
-double AllocatorAdapter::memory_fraction(int device) const { return fraction_in(impl_->u(), device); }
-void AllocatorAdapter::reset_peak_stats(int device) { reset_peak_in(impl_->u(), device); }
+double AllocatorAdapter::memory_fraction(int device) const {
+  return fraction_in(impl_->u(), device);
+}
+void AllocatorAdapter::reset_peak_stats(int device) {
+  reset_peak_in(impl_->u(), device);
+}
 
 std::vector<SegmentView> AllocatorAdapter::memory_map(int device) const {
   return memory_map_in(impl_->u(), device);
 }
 
-std::string AllocatorAdapter::config_text() const { return config_in(impl_->u()); }
+std::string AllocatorAdapter::config_text() const {
+  return config_in(impl_->u());
+}
 
-std::size_t AllocatorAdapter::tracked_blocks() const { return impl_->table.size(); }
+std::size_t AllocatorAdapter::tracked_blocks() const {
+  return impl_->table.size();
+}
 
 }  // namespace gvm::torch_backend

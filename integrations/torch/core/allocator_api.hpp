@@ -36,7 +36,9 @@ concept has_memory_fraction = requires(A& a, const A& ca, int d, double f) {
   { ca.memory_fraction(d) } -> std::convertible_to<double>;
 };
 template <class A>
-concept has_reset_peak = requires(A& a, int d) { a.reset_peak_stats(d); };
+concept has_reset_peak = requires(A& a, int d) {
+  a.reset_peak_stats(d);
+};
 template <class A>
 concept has_largest_cached = requires(const A& a, int d) {
   { a.largest_cached_block(d) } -> std::convertible_to<std::size_t>;
@@ -51,8 +53,12 @@ concept has_allocate_at = requires(A& a, void* p, std::size_t n, vmm::StreamHand
   { a.allocate_at(p, n, s, pool) } -> std::convertible_to<void*>;
 };
 template <class A>
-concept has_trim_pool = requires(A& a, PoolId p) { a.trim_pool(p); };
+concept has_trim_pool = requires(A& a, PoolId p) {
+  a.trim_pool(p);
+};
 template <class A>
-concept has_config = requires(const A& a) { a.config(); };
+concept has_config = requires(const A& a) {
+  a.config();
+};
 
 }  // namespace gvm::torch_backend

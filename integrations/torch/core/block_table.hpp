@@ -23,8 +23,8 @@ namespace gvm::torch_backend {
 struct BlockRecord {
   std::size_t requested = 0;
   int device = 0;
-  void* stream = nullptr;                 // the allocation stream
-  std::shared_ptr<void> custom;           // set: the pool allocator it came from
+  void* stream = nullptr;                   // the allocation stream
+  std::shared_ptr<void> custom;             // set: the pool allocator it came from
   std::vector<std::pair<void*, int>> uses;  // record_stream(stream, device) of a custom block
 };
 

@@ -19,8 +19,7 @@ PoolTable::Entry& PoolTable::incref_locked(MempoolKey key, const std::shared_ptr
   auto it = pools_.find(key);
   if (it != pools_.end()) {
     if (custom && it->second.custom != custom) {
-      throw std::invalid_argument("pool " + name(key) +
-                                  " already exists with another allocator");
+      throw std::invalid_argument("pool " + name(key) + " already exists with another allocator");
     }
     ++it->second.use_count;
     return it->second;
@@ -41,7 +40,8 @@ Target PoolTable::target_of(MempoolKey key, const Entry& e, bool capture) {
   return t;
 }
 
-void PoolTable::create_or_incref(MempoolKey key, std::shared_ptr<void> custom, const MakePool& make) {
+void PoolTable::create_or_incref(MempoolKey key, std::shared_ptr<void> custom,
+                                 const MakePool& make) {
   std::lock_guard lock(mutex_);
   incref_locked(key, custom, make);
 }
@@ -110,7 +110,8 @@ void PoolTable::set_use_on_oom(MempoolKey key, bool use) {
 void PoolTable::set_no_split(MempoolKey key) {
   std::lock_guard lock(mutex_);
   auto it = pools_.find(key);
-  if (it == pools_.end()) throw std::invalid_argument("no_split: no pool " + name(key) + " on this device");
+  if (it == pools_.end())
+    throw std::invalid_argument("no_split: no pool " + name(key) + " on this device");
   it->second.no_split = true;
 }
 

@@ -15,7 +15,9 @@ void StatCell::increase(std::int64_t n) noexcept {
   }
 }
 
-void StatCell::decrease(std::int64_t n) noexcept { decreases_.fetch_add(n, kRelaxed); }
+void StatCell::decrease(std::int64_t n) noexcept {
+  decreases_.fetch_add(n, kRelaxed);
+}
 
 StatValue StatCell::read() const noexcept {
   // Decreases first: read the other way, a free between the two loads could
@@ -61,7 +63,9 @@ void DeviceCounters::on_free(std::size_t requested) noexcept {
   }
 }
 
-void DeviceCounters::on_oom() noexcept { num_ooms_.fetch_add(1, kRelaxed); }
+void DeviceCounters::on_oom() noexcept {
+  num_ooms_.fetch_add(1, kRelaxed);
+}
 
 CountersSnapshot DeviceCounters::read() const noexcept {
   CountersSnapshot s;

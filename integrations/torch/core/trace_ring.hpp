@@ -19,7 +19,8 @@ class TraceRing {
   void set_capacity(std::size_t capacity) {
     std::vector<T> kept = ordered();
     capacity_ = std::max<std::size_t>(capacity, 1);
-    if (kept.size() > capacity_) kept.erase(kept.begin(), kept.end() - static_cast<std::ptrdiff_t>(capacity_));
+    if (kept.size() > capacity_)
+      kept.erase(kept.begin(), kept.end() - static_cast<std::ptrdiff_t>(capacity_));
     entries_ = std::move(kept);
     next_ = 0;
   }
@@ -39,7 +40,8 @@ class TraceRing {
   std::vector<T> ordered() const {
     std::vector<T> out;
     out.reserve(entries_.size());
-    for (std::size_t i = 0; i < entries_.size(); ++i) out.push_back(entries_[(next_ + i) % entries_.size()]);
+    for (std::size_t i = 0; i < entries_.size(); ++i)
+      out.push_back(entries_[(next_ + i) % entries_.size()]);
     return out;
   }
 

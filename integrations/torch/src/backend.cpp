@@ -1,6 +1,7 @@
-// Allocation, free, streams, statistics, pools and the rest of PyTorch's
-// allocator interface. Snapshots are in snapshot.cpp, pool checkpoints in
-// checkpoint.cpp, installing the backend in install.cpp.
+// PyTorch's allocator interface, method by method, over the parts in
+// integrations/torch/{core,src}: allocation and free, streams, statistics,
+// pools, the memory layout (memory_layout.hpp), pool checkpoints
+// (pool_checkpoint.hpp), history. Installing the backend is install.cpp.
 #include "backend.hpp"
 
 #include <c10/core/Allocator.h>
@@ -15,19 +16,24 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <limits>
 #include <optional>
 
 #include "errors.hpp"
 #include "gvm/errors.hpp"
+#include "memory_layout.hpp"
 #include "oom_message.hpp"
+#include "pool_checkpoint.hpp"
 #include "size_format.hpp"
 
 namespace gvm::torch_backend {
 
 namespace {
 
-MempoolKey key_of(c10::MempoolId_t id) { return MempoolKey{id.first, id.second}; }
+MempoolKey key_of(c10::MempoolId_t id) {
+  return MempoolKey{id.first, id.second};
+}
 
 int checked_device(c10::DeviceIndex device) {
   TORCH_CHECK(device >= 0 && device < History::kMaxDevices, "gvmalloc: invalid CUDA device ",
@@ -35,7 +41,9 @@ int checked_device(c10::DeviceIndex device) {
   return device;
 }
 
-std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+std::uintptr_t address(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p);
+}
 
 void set_stat(c10::CachingAllocator::Stat& out, const StatValue& v) {
   out.current = v.current;
@@ -44,7 +52,9 @@ void set_stat(c10::CachingAllocator::Stat& out, const StatValue& v) {
   out.freed = v.freed;
 }
 
-std::int64_t as_i64(std::uint64_t v) { return static_cast<std::int64_t>(v); }
+std::int64_t as_i64(std::uint64_t v) {
+  return static_cast<std::int64_t>(v);
+}
 
 // The free and total memory of `device` (0, 0 if the runtime cannot say: an
 // error is being raised when this is asked, and must stay the error raised).
@@ -67,8 +77,9 @@ std::pair<std::size_t, std::size_t> device_memory(int device) {
 // allocation and free from the allocator.
 void report_to_profiler(void* ptr, std::int64_t delta, const CountersSnapshot& c,
                         std::size_t reserved, int device) {
-  c10::reportMemoryUsageToProfiler(ptr, delta, static_cast<std::size_t>(c.allocated_bytes[kStatAll].current),
-                                   reserved, c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+  c10::reportMemoryUsageToProfiler(
+      ptr, delta, static_cast<std::size_t>(c.allocated_bytes[kStatAll].current), reserved,
+      c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
 }
 
 }  // namespace
@@ -82,7 +93,9 @@ Backend::Backend() : gvm_(AllocatorAdapter::instance()) {
   for (auto& d : devices_) d = std::make_unique<Device>();
 }
 
-Backend::Device& Backend::device_state(int device) { return *devices_[static_cast<std::size_t>(device)]; }
+Backend::Device& Backend::device_state(int device) {
+  return *devices_[static_cast<std::size_t>(device)];
+}
 
 PoolTable::MakePool Backend::pool_maker(int device) {
   return [this, device] { return gvm_.create_pool(device); };
@@ -97,7 +110,9 @@ c10::DataPtr Backend::allocate(size_t n) {
   return {p, p, &Backend::delete_block, c10::Device(c10::DeviceType::CUDA, device)};
 }
 
-c10::DeleterFnPtr Backend::raw_deleter() const { return &Backend::delete_block; }
+c10::DeleterFnPtr Backend::raw_deleter() const {
+  return &Backend::delete_block;
+}
 
 void* Backend::raw_alloc(size_t nbytes) {
   c10::DeviceIndex device = 0;
@@ -128,7 +143,8 @@ void* Backend::malloc(size_t bytes, c10::DeviceIndex device_index, cudaStream_t 
   void* p = allocate_target(bytes, device, stream, target);
   ds.counters.on_alloc(bytes);
   if (recording) {
-    history_.on_alloc(device, address(p), torch_rounded(bytes), stream, target.key, std::move(context));
+    history_.on_alloc(device, address(p), torch_rounded(bytes), stream, target.key,
+                      std::move(context));
   }
   if (const auto* trace = c10::impl::GPUTrace::get_trace(); C10_UNLIKELY(trace != nullptr)) {
     (*trace)->trace_gpu_memory_allocation(c10::kCUDA, address(p));
@@ -140,7 +156,8 @@ void* Backend::malloc(size_t bytes, c10::DeviceIndex device_index, cudaStream_t 
   return p;
 }
 
-void* Backend::allocate_target(size_t bytes, int device, cudaStream_t stream, const Target& target) {
+void* Backend::allocate_target(size_t bytes, int device, cudaStream_t stream,
+                               const Target& target) {
   try {
     if (target.custom) {
       // A MemPool with an allocator of its own: that allocator serves it.
@@ -178,8 +195,8 @@ void* Backend::allocate_target(size_t bytes, int device, cudaStream_t stream, co
   }
 }
 
-void* Backend::allocate_after_oom(size_t bytes, int device, cudaStream_t stream, const Target& target,
-                                  const std::exception& why) {
+void* Backend::allocate_after_oom(size_t bytes, int device, cudaStream_t stream,
+                                  const Target& target, const std::exception& why) {
   auto attempt = [&](PoolId pool) -> void* {
     try {
       if (target.capture) {
@@ -234,8 +251,9 @@ void Backend::raise_oom(size_t bytes, int device, cudaStream_t stream, const Tar
   }
   if (history_.recording()) history_.on_oom(device, device_free, bytes, stream, target.key);
   if (c10::memoryProfilingEnabled()) {
-    c10::reportOutOfMemoryToProfiler(static_cast<std::int64_t>(bytes), allocated, reserved,
-                                     c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+    c10::reportOutOfMemoryToProfiler(
+        static_cast<std::int64_t>(bytes), allocated, reserved,
+        c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
   }
   std::vector<cca::OutOfMemoryObserver> observers;
   {
@@ -275,17 +293,21 @@ void Backend::free_block(void* ptr) {
       }
       std::static_pointer_cast<cca::CUDAAllocator>(r->custom)->raw_delete(ptr);
       device_state(r->device).counters.on_free(r->requested);
-      if (recording) history_.on_free(r->device, address(ptr), torch_rounded(r->requested), r->stream, std::move(context));
+      if (recording)
+        history_.on_free(r->device, address(ptr), torch_rounded(r->requested), r->stream,
+                         std::move(context));
       return;
     }
   }
   const FreedBlock f = gvm_.deallocate(ptr);
   Device& ds = device_state(f.device);
   ds.counters.on_free(f.requested);
-  if (recording) history_.on_free(f.device, address(ptr), torch_rounded(f.requested), nullptr, std::move(context));
+  if (recording)
+    history_.on_free(f.device, address(ptr), torch_rounded(f.requested), nullptr,
+                     std::move(context));
   if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
-    report_to_profiler(ptr, -static_cast<std::int64_t>(torch_rounded(f.requested)), ds.counters.read(),
-                       gvm_.device_stats(f.device).reserved_bytes, f.device);
+    report_to_profiler(ptr, -static_cast<std::int64_t>(torch_rounded(f.requested)),
+                       ds.counters.read(), gvm_.device_stats(f.device).reserved_bytes, f.device);
   }
   // torch.cuda.memory.caching_allocator_enable(False): nothing stays cached.
   if (!caching_.load(std::memory_order_relaxed)) gvm_.trim(f.device);
@@ -328,12 +350,15 @@ void Backend::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream
       custom_blocks_.add_use(ptr.get(), stream.stream(), stream.device_index())) {
     return;
   }
-  torch_errors("record_stream", [&] { gvm_.record_stream(ptr.get(), stream.stream(), stream.device_index()); });
+  torch_errors("record_stream",
+               [&] { gvm_.record_stream(ptr.get(), stream.stream(), stream.device_index()); });
 }
 
 // ---- lifecycle and settings ------------------------------------------------
 
-bool Backend::initialized() { return initialized_.load(std::memory_order_acquire); }
+bool Backend::initialized() {
+  return initialized_.load(std::memory_order_acquire);
+}
 
 void Backend::init(int device_count) {
   device_count_.store(device_count, std::memory_order_relaxed);
@@ -343,7 +368,8 @@ void Backend::init(int device_count) {
     // rest of PyTorch's allocator settings are its own (gvmalloc reads GVM_CONF).
     // A failure here must not fail CUDA's start: it is said, not raised.
     try {
-      for (int d = 0; d < device_count; ++d) setMemoryFraction(fraction, static_cast<c10::DeviceIndex>(d));
+      for (int d = 0; d < device_count; ++d)
+        setMemoryFraction(fraction, static_cast<c10::DeviceIndex>(d));
     } catch (const c10::Error& e) {
       TORCH_WARN("gvmalloc: PYTORCH_CUDA_ALLOC_CONF's per_process_memory_fraction:", fraction,
                  " is not applied: ", e.what_without_backtrace());
@@ -366,8 +392,12 @@ void Backend::setMemoryFraction(double fraction, c10::DeviceIndex device) {
   torch_errors("set_per_process_memory_fraction", [&] { gvm_.set_memory_fraction(d, fraction); });
 }
 
-void Backend::enable(bool value) { caching_.store(value, std::memory_order_relaxed); }
-bool Backend::isEnabled() const { return caching_.load(std::memory_order_relaxed); }
+void Backend::enable(bool value) {
+  caching_.store(value, std::memory_order_relaxed);
+}
+bool Backend::isEnabled() const {
+  return caching_.load(std::memory_order_relaxed);
+}
 
 void Backend::emptyCache(c10::MempoolId_t mempool_id) {
   const MempoolKey key = key_of(mempool_id);
@@ -389,7 +419,8 @@ void Backend::cacheInfo(c10::DeviceIndex device, size_t* largestBlock) {
   // freed: the free memory of the device (the arena grows into it), or a
   // larger free block in the cache. cuDNN sizes its benchmark workspaces by it.
   if (*largestBlock == 0) *largestBlock = device_memory(d).first;
-  *largestBlock = std::max(*largestBlock, torch_errors("cacheInfo", [&] { return gvm_.largest_cached_block(d); }));
+  *largestBlock = std::max(*largestBlock,
+                           torch_errors("cacheInfo", [&] { return gvm_.largest_cached_block(d); }));
 }
 
 // ---- statistics ------------------------------------------------------------
@@ -425,8 +456,8 @@ cda::DeviceStats Backend::getDeviceStats(c10::DeviceIndex device) {
   c10::CachingAllocator::Stat segments;
   segments.current = as_i64(g.chunks_mapped) - as_i64(g.chunks_unmapped);
   std::int64_t peak = ds.segment_peak.load(std::memory_order_relaxed);
-  while (segments.current > peak &&
-         !ds.segment_peak.compare_exchange_weak(peak, segments.current, std::memory_order_relaxed)) {
+  while (segments.current > peak && !ds.segment_peak.compare_exchange_weak(
+                                        peak, segments.current, std::memory_order_relaxed)) {
   }
   segments.peak = std::max(peak, segments.current);
   segments.allocated = as_i64(g.chunks_mapped - base.chunks_mapped);
@@ -445,7 +476,8 @@ cda::DeviceStats Backend::getDeviceStats(c10::DeviceIndex device) {
 void Backend::resetAccumulatedStats(c10::DeviceIndex device) {
   const int d = checked_device(device);
   Device& ds = device_state(d);
-  const DeviceStats g = torch_errors("reset_accumulated_memory_stats", [&] { return gvm_.device_stats(d); });
+  const DeviceStats g =
+      torch_errors("reset_accumulated_memory_stats", [&] { return gvm_.device_stats(d); });
   ds.counters.reset_accumulated();
   std::lock_guard lock(ds.base_mutex);
   ds.base = g;
@@ -456,8 +488,10 @@ void Backend::resetPeakStats(c10::DeviceIndex device) {
   Device& ds = device_state(d);
   ds.counters.reset_peak();
   torch_errors("reset_peak_memory_stats", [&] { gvm_.reset_peak_stats(d); });
-  const DeviceStats g = torch_errors("reset_peak_memory_stats", [&] { return gvm_.device_stats(d); });
-  ds.segment_peak.store(as_i64(g.chunks_mapped) - as_i64(g.chunks_unmapped), std::memory_order_relaxed);
+  const DeviceStats g =
+      torch_errors("reset_peak_memory_stats", [&] { return gvm_.device_stats(d); });
+  ds.segment_peak.store(as_i64(g.chunks_mapped) - as_i64(g.chunks_unmapped),
+                        std::memory_order_relaxed);
 }
 
 // ---- private pools: CUDA graphs, MemPool ---------------------------------
@@ -468,7 +502,8 @@ void Backend::createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempo
   // MemPool(allocator=<this backend>) is an ordinary pool of ours.
   if (allocator.get() == this) allocator.reset();
   torch_errors("creating a memory pool", [&] {
-    device_state(d).pools.create_or_incref(key_of(mempool_id), std::shared_ptr<void>(allocator), pool_maker(d));
+    device_state(d).pools.create_or_incref(key_of(mempool_id), std::shared_ptr<void>(allocator),
+                                           pool_maker(d));
   });
 }
 
@@ -481,7 +516,9 @@ void Backend::beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t memp
   // trees). One that does not is a CUDA graph capture about to begin on it:
   // CUDAGraph::capture_begin opens the route just before cudaStreamBeginCapture.
   const bool capture = !filter(c10::cuda::getCurrentCUDAStream(device).stream());
-  auto route = [f = std::move(filter)](void* stream) { return f(static_cast<cudaStream_t>(stream)); };
+  auto route = [f = std::move(filter)](void* stream) {
+    return f(static_cast<cudaStream_t>(stream));
+  };
   const MempoolKey key = key_of(mempool_id);
   const Target t = torch_errors("allocating to a private pool",
                                 [&] { return ds.pools.begin(key, route, capture, pool_maker(d)); });
@@ -513,8 +550,8 @@ void Backend::endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempoo
 
 void Backend::releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) {
   const int d = checked_device(device);
-  const std::optional<PoolId> pool =
-      torch_errors("releasing a memory pool", [&] { return device_state(d).pools.release(key_of(mempool_id)); });
+  const std::optional<PoolId> pool = torch_errors(
+      "releasing a memory pool", [&] { return device_state(d).pools.release(key_of(mempool_id)); });
   if (pool) torch_errors("releasing a memory pool", [&] { gvm_.release_pool(*pool); });
 }
 
@@ -524,7 +561,8 @@ int Backend::getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_i
 
 void Backend::setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) {
   const int d = checked_device(device);
-  torch_errors("use_on_oom", [&] { device_state(d).pools.set_use_on_oom(key_of(mempool_id), use_on_oom); });
+  torch_errors("use_on_oom",
+               [&] { device_state(d).pools.set_use_on_oom(key_of(mempool_id), use_on_oom); });
 }
 
 void Backend::setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) {
@@ -532,6 +570,127 @@ void Backend::setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) {
   // today a gvmalloc pool places blocks as its heap does (docs/pytorch.md).
   const int d = checked_device(device);
   torch_errors("no_split", [&] { device_state(d).pools.set_no_split(key_of(mempool_id)); });
+}
+
+// ---- memory layout (memory_map) ---------------------------------------------
+
+std::vector<SegmentView> Backend::memory_map(int device) const {
+  return torch_errors("reading gvmalloc's memory map", [&] { return gvm_.memory_map(device); });
+}
+
+int Backend::device_count() const {
+  int n = device_count_.load(std::memory_order_relaxed);
+  if (n == 0 && cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  return n;
+}
+
+cca::SnapshotInfo Backend::snapshot(c10::MempoolId_t mempool_id, bool include_traces) {
+  const int n = device_count();
+  cca::SnapshotInfo info;
+  for (int d = 0; d < n; ++d) {
+    if (history_.recording()) history_.on_snapshot(d);
+    auto segments =
+        snapshot_segments(memory_map(d), d, device_state(d).pools, history_, key_of(mempool_id));
+    std::move(segments.begin(), segments.end(), std::back_inserter(info.segments));
+  }
+  if (include_traces) {
+    info.device_traces = history_.traces(n);
+    info.external_annotations = history_.annotations();
+  }
+  info.config_metadata = snapshot_settings(gvm_.config_text());
+  return info;
+}
+
+void* Backend::getBaseAllocation(void* ptr, size_t* size) {
+  if (any_custom_.load(std::memory_order_relaxed)) {
+    if (auto r = custom_blocks_.find(ptr)) {
+      if (size != nullptr) *size = r->requested;
+      return ptr;
+    }
+  }
+  const int n = device_count();
+  for (int d = 0; d < n; ++d) {
+    if (auto seg = containing_segment(memory_map(d), ptr)) {
+      if (size != nullptr) *size = seg->second;
+      return seg->first;
+    }
+  }
+  fail("gvmalloc: getBaseAllocation: " + std::to_string(address(ptr)) +
+       " is not in memory gvmalloc holds");
+}
+
+std::vector<cca::StreamSegmentSize> Backend::getExpandableSegmentSizes(c10::DeviceIndex device) {
+  return segment_sizes(memory_map(checked_device(device)));
+}
+
+bool Backend::checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                                       const std::unordered_set<void*>& expected_live_allocations) {
+  const int d = checked_device(device);
+  const auto t = device_state(d).pools.find(key_of(mempool_id));
+  TORCH_CHECK(t.has_value() && !t->custom, "gvmalloc: checkPoolLiveAllocations: no gvmalloc pool (",
+              mempool_id.first, ", ", mempool_id.second, ") on device ", d);
+  const std::vector<BlockView> live = live_blocks(memory_map(d), t->pool);
+  if (live.size() != expected_live_allocations.size()) return false;
+  return std::all_of(live.begin(), live.end(), [&](const BlockView& b) {
+    return expected_live_allocations.contains(reinterpret_cast<void*>(b.addr));
+  });
+}
+
+// ---- pool checkpoints (torch.compile's CUDA graph trees) -------------------
+
+std::shared_ptr<cca::AllocatorState> Backend::getCheckpointState(c10::DeviceIndex device,
+                                                                 c10::MempoolId_t id) {
+  const int d = checked_device(device);
+  const MempoolKey key = key_of(id);
+  const auto t = device_state(d).pools.find(key);
+  TORCH_CHECK(t.has_value() && !t->custom, "gvmalloc: getCheckpointState: no gvmalloc pool (",
+              id.first, ", ", id.second, ") on device ", d);
+  auto state = std::make_shared<PoolCheckpoint>();
+  state->device = d;
+  state->key = key;
+  state->pool = t->pool;
+  state->live = live_blocks(memory_map(d), t->pool);
+  return state;
+}
+
+cca::CheckpointDelta Backend::setCheckpointPoolState(c10::DeviceIndex device,
+                                                     std::shared_ptr<cca::AllocatorState> pps) {
+  const auto* state = dynamic_cast<const PoolCheckpoint*>(pps.get());
+  TORCH_CHECK(state != nullptr,
+              "gvmalloc: setCheckpointPoolState: not a checkpoint of gvmalloc's backend");
+  TORCH_CHECK(state->device == device, "gvmalloc: setCheckpointPoolState: a checkpoint of device ",
+              state->device, " restored on device ", static_cast<int>(device));
+  const Capabilities caps = AllocatorAdapter::capabilities();
+  if (!caps.allocate_at || !caps.deallocate_by_ptr) {
+    fail(
+        "gvmalloc: restoring a pool checkpoint (torch.compile mode=\"reduce-overhead\" recording a "
+        "new CUDA graph after replays) needs gvm::Allocator::allocate_at and deallocate(ptr), "
+        "which "
+        "this gvmalloc build does not have yet (docs/pytorch.md); nothing was changed");
+  }
+  const auto t = device_state(state->device).pools.find(state->key);
+  TORCH_CHECK(t.has_value() && t->pool == state->pool, "gvmalloc: setCheckpointPoolState: pool (",
+              state->key.first, ", ", state->key.second, ") is gone");
+  const CheckpointPlan plan =
+      plan_restore(*state, live_blocks(memory_map(state->device), state->pool));
+  cca::CheckpointDelta delta;
+  for (void* p : plan.to_free) {
+    free_block(p);
+    delta.ptrs_freed.push_back(p);
+  }
+  for (const BlockView& b : plan.to_restore) {
+    void* p = torch_errors("restoring a pool checkpoint", [&] {
+      return gvm_.allocate_at(reinterpret_cast<void*>(b.addr), b.requested, b.stream, state->pool);
+    });
+    device_state(state->device).counters.on_alloc(b.requested);
+    delta.dataptrs_allocd.emplace_back(
+        p, p, &Backend::delete_block,
+        c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(state->device)));
+  }
+  return delta;
 }
 
 // ---- IPC, peers ------------------------------------------------------------
@@ -566,23 +725,27 @@ void Backend::enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_acc
   }
 }
 
-cudaError_t Backend::memcpyAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t count,
-                                 cudaStream_t stream, bool /*p2p_enabled*/) {
+cudaError_t Backend::memcpyAsync(void* dst, int dstDevice, const void* src, int srcDevice,
+                                 size_t count, cudaStream_t stream, bool /*p2p_enabled*/) {
   // Every gvmalloc block is cuMemMap'ed memory, which a plain cudaMemcpyAsync
   // between devices cannot copy without access granted: the peer copy can.
-  if (dstDevice == srcDevice) return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+  if (dstDevice == srcDevice)
+    return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
   return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
 }
 
 // ---- history ---------------------------------------------------------------
 
-bool Backend::isHistoryEnabled() { return history_.enabled(); }
+bool Backend::isHistoryEnabled() {
+  return history_.enabled();
+}
 
-void Backend::recordHistory(bool enabled, cca::CreateContextFn context_recorder, size_t alloc_trace_max_entries,
-                            cca::RecordContext when, bool clearHistory,
-                            const std::vector<std::string>& skip_actions) {
+void Backend::recordHistory(bool enabled, cca::CreateContextFn context_recorder,
+                            size_t alloc_trace_max_entries, cca::RecordContext when,
+                            bool clearHistory, const std::vector<std::string>& skip_actions) {
   torch_errors("_record_memory_history", [&] {
-    history_.configure(enabled, context_recorder, alloc_trace_max_entries, when, clearHistory, skip_actions);
+    history_.configure(enabled, context_recorder, alloc_trace_max_entries, when, clearHistory,
+                       skip_actions);
   });
 }
 
@@ -590,10 +753,18 @@ void Backend::recordAnnotation(const std::vector<std::pair<std::string, std::str
   history_.annotate(md);
 }
 
-void Backend::pushCompileContext(std::string& md) { History::push_compile_context(md); }
-void Backend::popCompileContext() { History::pop_compile_context(); }
-void Backend::setUserMetadata(const std::string& metadata) { History::set_user_metadata(metadata); }
-std::string Backend::getUserMetadata() { return History::user_metadata(); }
+void Backend::pushCompileContext(std::string& md) {
+  History::push_compile_context(md);
+}
+void Backend::popCompileContext() {
+  History::pop_compile_context();
+}
+void Backend::setUserMetadata(const std::string& metadata) {
+  History::set_user_metadata(metadata);
+}
+std::string Backend::getUserMetadata() {
+  return History::user_metadata();
+}
 
 void Backend::attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) {
   std::lock_guard lock(observers_mutex_);
@@ -604,6 +775,8 @@ void Backend::attachAllocatorTraceTracker(cca::AllocatorTraceTracker tracker) {
   history_.attach_tracker(std::move(tracker));
 }
 
-std::string Backend::name() { return "gvmalloc"; }
+std::string Backend::name() {
+  return "gvmalloc";
+}
 
 }  // namespace gvm::torch_backend

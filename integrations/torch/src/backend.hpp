@@ -62,7 +62,8 @@ class Backend final : public cca::CUDAAllocator {
   void* getBaseAllocation(void* ptr, size_t* size) override;
   using cca::CUDAAllocator::recordStream;
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override;
-  cca::SnapshotInfo snapshot(c10::MempoolId_t mempool_id = {0, 0}, bool include_traces = true) override;
+  cca::SnapshotInfo snapshot(c10::MempoolId_t mempool_id = {0, 0},
+                             bool include_traces = true) override;
   void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
                            std::function<bool(cudaStream_t)> filter) override;
   void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
@@ -72,13 +73,14 @@ class Backend final : public cca::CUDAAllocator {
                           std::shared_ptr<cca::CUDAAllocator> allocator = nullptr) override;
   void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) override;
   void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
-  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
-                                const std::unordered_set<void*>& expected_live_allocations) override;
+  bool checkPoolLiveAllocations(
+      c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+      const std::unordered_set<void*>& expected_live_allocations) override;
   cca::ShareableHandle shareIpcHandle(void* ptr) override;
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override;
   bool isHistoryEnabled() override;
-  void recordHistory(bool enabled, cca::CreateContextFn context_recorder, size_t alloc_trace_max_entries,
-                     cca::RecordContext when, bool clearHistory,
+  void recordHistory(bool enabled, cca::CreateContextFn context_recorder,
+                     size_t alloc_trace_max_entries, cca::RecordContext when, bool clearHistory,
                      const std::vector<std::string>& skip_actions) override;
   void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override;
   void pushCompileContext(std::string& md) override;
@@ -90,7 +92,8 @@ class Backend final : public cca::CUDAAllocator {
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override;
   cudaError_t memcpyAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t count,
                           cudaStream_t stream, bool p2p_enabled) override;
-  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t id) override;
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device,
+                                                          c10::MempoolId_t id) override;
   cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
                                               std::shared_ptr<cca::AllocatorState> pps) override;
   std::string name() override;
@@ -126,7 +129,8 @@ class Backend final : public cca::CUDAAllocator {
   [[noreturn]] void raise_oom(size_t bytes, int device, cudaStream_t stream, const Target& target,
                               const std::string& reason);
   PoolTable::MakePool pool_maker(int device);
-  std::vector<SegmentView> pool_segments(int device, PoolId pool) const;
+  std::vector<SegmentView> memory_map(int device) const;
+  int device_count() const;
 
   AllocatorAdapter& gvm_;
   History history_;

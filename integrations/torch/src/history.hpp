@@ -71,8 +71,9 @@ class History {
   std::vector<cda::AnnotationEntry> annotations() const;
 
  private:
-  void record_locked(cda::TraceEntry::Action action, int device, std::uintptr_t addr, std::size_t size,
-                     void* stream, MempoolKey pool, std::shared_ptr<c10::GatheredContext> context);
+  void record_locked(cda::TraceEntry::Action action, int device, std::uintptr_t addr,
+                     std::size_t size, void* stream, MempoolKey pool,
+                     std::shared_ptr<c10::GatheredContext> context);
   TraceRing<cda::TraceEntry>& ring_locked(int device);
 
   std::atomic<bool> enabled_{false};

@@ -32,7 +32,8 @@
 namespace {
 
 // Kept in the file (used) for the Python side to find without loading it.
-__attribute__((used)) const char kBuiltForMarker[] = "gvmalloc-torch-built-for:" GVM_TORCH_BUILT_FOR;
+__attribute__((used)) const char kBuiltForMarker[] =
+    "gvmalloc-torch-built-for:" GVM_TORCH_BUILT_FOR;
 
 std::mutex g_install_mutex;
 bool g_installed = false;
@@ -54,7 +55,9 @@ int report(int status, const std::string& message, char* out, std::size_t out_si
 
 }  // namespace
 
-GVM_TORCH_API const char* gvm_torch_built_for(void) { return kBuiltForMarker + std::strlen("gvmalloc-torch-built-for:"); }
+GVM_TORCH_API const char* gvm_torch_built_for(void) {
+  return kBuiltForMarker + std::strlen("gvmalloc-torch-built-for:");
+}
 
 GVM_TORCH_API int gvm_torch_is_installed(void) {
   std::lock_guard lock(g_install_mutex);
@@ -66,11 +69,12 @@ GVM_TORCH_API const char* gvm_torch_capabilities(void) {
   return caps.c_str();
 }
 
-GVM_TORCH_API int gvm_torch_install(const char* running_torch_version, char* message, std::size_t message_size) {
+GVM_TORCH_API int gvm_torch_install(const char* running_torch_version, char* message,
+                                    std::size_t message_size) {
   using gvm::torch_backend::Backend;
   namespace cca = c10::cuda::CUDACachingAllocator;
-  const std::string mismatch =
-      gvm::torch_backend::version_mismatch(GVM_TORCH_BUILT_FOR, running_torch_version ? running_torch_version : "(unknown)");
+  const std::string mismatch = gvm::torch_backend::version_mismatch(
+      GVM_TORCH_BUILT_FOR, running_torch_version ? running_torch_version : "(unknown)");
   if (!mismatch.empty()) return report(kVersionMismatch, mismatch, message, message_size);
   try {
     std::lock_guard lock(g_install_mutex);
