@@ -88,12 +88,21 @@ def alloc_pair_us(torch, sizes=(4096, MiB, 64 * MiB), n=2000):
 
 
 def profile_table(torch, step, n):
+    """The profiler's table of the busiest operators over `n` steps, and the CPU time of
+    the operators that allocate device memory (aten::empty*, where the allocator runs)
+    against all operators' CPU time."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
             step()
         torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=48)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    allocating = sum(e.self_cpu_time_total for e in events if e.key.startswith("aten::empty"))
+    calls = sum(e.count for e in events if e.key.startswith("aten::empty"))
+    table = events.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=48)
+    return table, {"empty_ops_self_cpu_ms": round(allocating / 1e3, 3), "empty_ops_calls": calls,
+                   "all_ops_self_cpu_ms": round(total / 1e3, 3)}
 
 
 def gvm_summary():
@@ -111,9 +120,10 @@ def gvm_summary():
 def finish(torch, allocator, times, checks, step, profile_steps, **extra):
     peak = torch.cuda.max_memory_reserved()
     pairs = alloc_pair_us(torch)
-    table = profile_table(torch, step, profile_steps)
+    table, empty_ops = profile_table(torch, step, profile_steps)
     out = dict(allocator=allocator, median_step_s=statistics.median(times), steps=len(times),
                peak_reserved=peak, checks=checks, alloc_pair_us=pairs, profile=table,
+               empty_ops=empty_ops,
                backend=torch.cuda.get_allocator_backend(), **extra)
     if allocator == "gvm":
         out["gvmalloc"] = gvm_summary()
@@ -249,6 +259,45 @@ def compare(checks, reference):
     return "no (%d vs %d steps)" % (len(checks), len(reference))
 
 
+def render(runs, seconds):
+    """The table (and the profiles) of {program: [run result, ...]}."""
+    lines = ["", "=== PyTorch programs (%.0f s): native = PyTorch's allocator, expandable = with "
+             "expandable_segments:True, gvm = gvmalloc's native backend" % seconds,
+             "%-9s %-11s %12s %9s %14s %9s  %-18s %s" % ("program", "allocator", "median step", "vs native",
+                                                         "peak reserved", "vs native", "equal to native",
+                                                         "alloc+free us (4K/1M/64M)")]
+    for program, rs in runs.items():
+        ref = next((r for r in rs if r["allocator"] == "native" and "error" not in r), None)
+        for r in rs:
+            if "error" in r:
+                lines.append("%-9s %-11s FAILED: %s" % (program, r["allocator"], r["error"]))
+                continue
+            ratio_t = r["median_step_s"] / ref["median_step_s"] if ref else float("nan")
+            ratio_m = r["peak_reserved"] / ref["peak_reserved"] if ref else float("nan")
+            unit = "ms" if program != "llama" else "ms/call"
+            lines.append("%-9s %-11s %9.2f %-2s %8.3fx %10.0f MiB %8.3fx  %-18s %s" % (
+                program, r["allocator"], r["median_step_s"] * 1e3, unit, ratio_t, r["peak_reserved"] / MiB,
+                ratio_m, compare(r["checks"], ref["checks"] if ref else None),
+                "/".join("%.2f" % v for v in r["alloc_pair_us"].values())))
+    for program, rs in runs.items():
+        for r in rs:
+            if "error" in r or r["allocator"] not in ("native", "gvm"):
+                continue
+            lines.append("")
+            lines.append("--- %s, %s: torch.profiler, busiest operators by self CPU time" % (program, r["allocator"]))
+            lines.append(r["profile"].rstrip())
+            e = r["empty_ops"]
+            lines.append("allocating operators (aten::empty*): %d calls, %.1f ms self CPU of %.1f ms "
+                         "for all operators" % (e["empty_ops_calls"], e["empty_ops_self_cpu_ms"],
+                                               e["all_ops_self_cpu_ms"]))
+            if r["allocator"] == "gvm":
+                g = r["gvmalloc"]
+                lines.append("gvmalloc driver calls (all of the run): " + ", ".join(
+                    "%s %d calls %.1f ms" % (c["call"], c["calls"], c["ms"]) for c in g["driver_calls"][:8]))
+                lines.append("gvmalloc device 0: " + ", ".join("%s %s" % kv for kv in g["device0"].items()))
+    return "\n".join(lines)
+
+
 def main(argv):
     if argv and argv[0] == "worker":
         PROGRAMS[argv[1]](argv[2], int(argv[3]))
@@ -291,37 +340,7 @@ def main(argv):
                 print("   median step %.2f ms, peak reserved %.0f MiB (%.0f s)"
                       % (r["median_step_s"] * 1e3, r["peak_reserved"] / MiB, r["wall_s"]), flush=True)
             runs[program].append(r)
-    lines = ["", "=== PyTorch programs (%.0f s): native = PyTorch's allocator, expandable = with "
-             "expandable_segments:True, gvm = gvmalloc's native backend" % (time.monotonic() - start),
-             "%-9s %-11s %12s %9s %14s %9s  %-18s %s" % ("program", "allocator", "median step", "vs native",
-                                                         "peak reserved", "vs native", "equal to native",
-                                                         "alloc+free us (4K/1M/64M)")]
-    for program, rs in runs.items():
-        ref = next((r for r in rs if r["allocator"] == "native" and "error" not in r), None)
-        for r in rs:
-            if "error" in r:
-                lines.append("%-9s %-11s FAILED: %s" % (program, r["allocator"], r["error"]))
-                continue
-            ratio_t = r["median_step_s"] / ref["median_step_s"] if ref else float("nan")
-            ratio_m = r["peak_reserved"] / ref["peak_reserved"] if ref else float("nan")
-            unit = "ms" if program != "llama" else "ms/call"
-            lines.append("%-9s %-11s %9.2f %-2s %8.3fx %10.0f MiB %8.3fx  %-18s %s" % (
-                program, r["allocator"], r["median_step_s"] * 1e3, unit, ratio_t, r["peak_reserved"] / MiB,
-                ratio_m, compare(r["checks"], ref["checks"] if ref else None),
-                "/".join("%.2f" % v for v in r["alloc_pair_us"].values())))
-    for program, rs in runs.items():
-        for r in rs:
-            if "error" in r or r["allocator"] not in ("native", "gvm"):
-                continue
-            lines.append("")
-            lines.append("--- %s, %s: torch.profiler, busiest operators by self CPU time" % (program, r["allocator"]))
-            lines.append(r["profile"].rstrip())
-            if r["allocator"] == "gvm":
-                g = r["gvmalloc"]
-                lines.append("gvmalloc driver calls (all of the run): " + ", ".join(
-                    "%s %d calls %.1f ms" % (c["call"], c["calls"], c["ms"]) for c in g["driver_calls"][:8]))
-                lines.append("gvmalloc device 0: " + ", ".join("%s %s" % kv for kv in g["device0"].items()))
-    text = "\n".join(lines)
+    text = render(runs, time.monotonic() - start)
     print(text, flush=True)
     with open(os.path.join(out_dir, "torch-programs.txt"), "w") as f:
         f.write(text + "\n")
