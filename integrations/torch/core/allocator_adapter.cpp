@@ -1,9 +1,8 @@
 // allocator_adapter.hpp says why this file exists. Each function below asks,
 // at compile time, whether gvm::Allocator has the member the backend wants
 // (a concept on the allocator type: a missing member makes it false, not an
-// error) and calls it when it does. When gvmalloc has no process allocator
-// (gvm/process_allocator.hpp), the calls go through the C ABI, which serves
-// the same process-wide allocator.
+// error) and calls it when it does. The allocator is the process's
+// (gvm::process_allocator()), the one the C ABI serves.
 //
 // With -DGVM_TORCH_REQUIRE_FULL_API=1 (CMake option of the same name) a
 // missing member is a compile error instead: for the build that must use
@@ -18,19 +17,9 @@
 
 #include "allocator_api.hpp"
 #include "block_table.hpp"
-#include "gvm/errors.hpp"
-#include "gvm/gvm.h"
-
-#if __has_include("gvm/process_allocator.hpp")
-#include "gvm/process_allocator.hpp"
-#define GVM_TORCH_HAVE_PROCESS_ALLOCATOR 1
-#else
-#define GVM_TORCH_HAVE_PROCESS_ALLOCATOR 0
-#endif
-#if __has_include("gvm/memory_map.hpp")
-#include "gvm/memory_map.hpp"
-#endif
 #include "gvm/allocator.hpp"
+#include "gvm/errors.hpp"
+#include "gvm/process_allocator.hpp"
 
 #ifndef GVM_TORCH_REQUIRE_FULL_API
 #define GVM_TORCH_REQUIRE_FULL_API 0
@@ -40,81 +29,12 @@ namespace gvm::torch_backend {
 
 namespace {
 
-// ---- the C ABI as an allocator type ---------------------------------------
-
-[[noreturn]] void throw_last_failure() {
-  const gvm_status status = gvm_last_status();
-  std::string message = gvm_last_error();
-  if (message.empty()) message = gvm_status_name(status);
-  switch (status) {
-    case GVM_ERROR_OUT_OF_MEMORY: throw out_of_memory(message);
-    case GVM_ERROR_INVALID_ARGUMENT: throw usage_error(message);
-    case GVM_ERROR_CONFIG: throw config_error(message);
-    default: throw std::runtime_error(message);
-  }
-}
-
-void check(gvm_status status) {
-  if (status != GVM_OK) throw_last_failure();
-}
-
-// What every gvmalloc has: gvm.h, served by the process's one allocator.
-class CAbiAllocator {
- public:
-  CAbiAllocator() {
-    if (gvm_is_initialized()) return;
-    const gvm_status s = gvm_init(nullptr);
-    if (s != GVM_OK && s != GVM_ERROR_ALREADY_INITIALIZED) throw_last_failure();
-  }
-  void* allocate(std::size_t bytes, int device, vmm::StreamHandle stream) {
-    void* p = gvm_malloc(bytes, device, stream);
-    if (p == nullptr) throw_last_failure();
-    return p;
-  }
-  void deallocate(void* ptr, std::size_t bytes, int device, vmm::StreamHandle stream) {
-    check(gvm_free(ptr, bytes, device, stream));
-  }
-  void record_stream(void* ptr, vmm::StreamHandle stream, int stream_device) {
-    check(gvm_record_stream_on(ptr, stream, stream_device));
-  }
-  void trim(int device) { check(gvm_trim(device)); }
-  DeviceStats device_stats(int device) const {
-    gvm_device_stats_t s{};
-    check(gvm_device_stats(device, &s));
-    DeviceStats d;
-    d.device = s.device;
-    d.live_bytes = s.live_bytes;
-    d.reserved_bytes = s.reserved_bytes;
-    d.cached_bytes = s.cached_bytes;
-    d.peak_live_bytes = s.peak_live_bytes;
-    d.peak_reserved_bytes = s.peak_reserved_bytes;
-    d.scratch_reserved_bytes = s.scratch_reserved_bytes;
-    d.allocations = s.allocations;
-    d.frees = s.frees;
-    d.cache_hits = s.cache_hits;
-    d.chunks_mapped = s.chunks_mapped;
-    d.chunks_unmapped = s.chunks_unmapped;
-    d.oom_retries = s.oom_retries;
-    d.fences = s.fences;
-    d.cross_stream_waits = s.cross_stream_waits;
-    return d;
-  }
-};
-
-#if GVM_TORCH_HAVE_PROCESS_ALLOCATOR
 using Underlying = Allocator;
 // Asked at every call, not kept: it is valid only until gvm_shutdown(), and
 // one atomic load.
 Underlying& underlying() {
   return process_allocator();
 }
-#else
-using Underlying = CAbiAllocator;
-Underlying& underlying() {
-  static CAbiAllocator a;  // never destroyed before the tensors freed at exit
-  return a;
-}
-#endif
 
 constexpr bool kPoolAllocate = has_pool_allocate<Underlying>;
 constexpr bool kCapture = has_capture<Underlying>;
@@ -127,7 +47,6 @@ constexpr bool kAllocateAt = has_allocate_at<Underlying>;
 constexpr bool kTrimPool = has_trim_pool<Underlying>;
 
 #if GVM_TORCH_REQUIRE_FULL_API
-static_assert(GVM_TORCH_HAVE_PROCESS_ALLOCATOR, "gvm/process_allocator.hpp is missing");
 static_assert(kPoolAllocate && kCapture && kPtrDeallocate && kMemoryFraction && kResetPeak &&
                   kLargestCached && kMemoryMap,
               "gvm::Allocator lacks part of the API the PyTorch backend uses (see capabilities)");
@@ -370,7 +289,7 @@ AllocatorAdapter::AllocatorAdapter() : impl_(new Impl()) {}
 
 Capabilities AllocatorAdapter::capabilities() noexcept {
   Capabilities c;
-  c.process_allocator = GVM_TORCH_HAVE_PROCESS_ALLOCATOR != 0;
+  c.process_allocator = true;
   c.pool_allocate = kPoolAllocate;
   c.capture = kCapture;
   c.deallocate_by_ptr = kPtrDeallocate;

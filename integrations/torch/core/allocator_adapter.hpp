@@ -3,13 +3,13 @@
 // The backend serves PyTorch from the process's allocator - the one the C ABI
 // (gvm.h) and gvmalloc's Python statistics see - through this interface.
 // Parts of gvmalloc's C++ API that the backend needs are still being added
-// (private pools, capture, deallocate(ptr), the memory fraction, peak reset,
-// memory_map; see docs/pytorch.md, "What the backend needs from the
-// allocator"). allocator_adapter.cpp finds at compile time which of them this
-// gvmalloc has and uses them; for each one missing it either does the same
-// through what exists (the C ABI, a table of its own blocks) or throws
-// api_unavailable naming the function. capabilities() says which is which,
-// and gvmalloc.torch.backend_info() shows it, so a run says what it tested.
+// (private pools, capture, deallocate(ptr), the memory fraction, peak reset;
+// see docs/pytorch.md, "What the backend needs from the allocator").
+// allocator_adapter.cpp finds at compile time which of them this gvmalloc has
+// and uses them; for each one missing it either does the same through what
+// exists (a table of its own blocks) or throws api_unavailable naming the
+// function. capabilities() says which is which, and
+// gvmalloc.torch.backend_info() shows it, so a run says what it tested.
 //
 // Errors: gvm::out_of_memory when the device cannot supply the memory,
 // gvm::usage_error for bad input, api_unavailable as above, and the
@@ -54,7 +54,7 @@ struct SegmentView {
 // Which parts of gvmalloc's API this build uses (true) or works around /
 // lacks (false).
 struct Capabilities {
-  bool process_allocator = false;  // gvm::process_allocator() (else the C ABI)
+  bool process_allocator = false;  // gvm::process_allocator()
   bool pool_allocate = false;      // allocate(bytes, device, stream, pool), create/release_pool
   bool capture = false;            // begin_capture / end_capture
   bool deallocate_by_ptr = false;  // deallocate(ptr) and device_of(ptr) (else a block table)
