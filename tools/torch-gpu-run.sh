@@ -6,7 +6,8 @@
 #
 #   1. configure build-torch (Release; cmake finds torch through python3) and
 #      build the library, the backend and their CPU tests (-j$(nproc))
-#   2. the CPU tests of both (torch_core_tests, python_cpu)
+#   2. the CPU tests of both (torch_core_tests, torch_backend_tests on the
+#      simulated driver, python_cpu)
 #   3. what the backend is: torch version, which parts of gvmalloc's API it uses
 #   4. the allocator semantics, PyTorch's allocator beside gvmalloc, one table
 #      (tools/torch-semantics.sh), within GVM_TORCH_SEMANTICS_S (default 270) s
@@ -60,11 +61,11 @@ export PYTHONDONTWRITEBYTECODE=1
 if want build; then
   # shellcheck disable=SC2086  # GVM_TORCH_CMAKE_ARGS is a list of arguments
   step configure cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGVM_BUILD_BENCH=OFF ${GVM_TORCH_CMAKE_ARGS:-}
-  step build cmake --build "$BUILD" -j "$JOBS" --target gvmalloc gvmalloc_torch torch_core_tests
+  step build cmake --build "$BUILD" -j "$JOBS" --target gvmalloc gvmalloc_torch torch_core_tests torch_backend_tests
 fi
 
 if want cpu; then
-  step cpu-tests ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS" -R "^(python_cpu|StatCounters|Pools|TraceRing|BlockTable|VersionCheck|Messages|AllocatorApi|Adapter)"
+  step cpu-tests ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS" -R "^(python_cpu|StatCounters|Pools|TraceRing|BlockTable|VersionCheck|Messages|AllocatorApi|Adapter|BackendSim|PoolCheckpointPlan)"
 fi
 
 if want info; then
