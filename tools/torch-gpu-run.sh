@@ -10,10 +10,10 @@
 #      simulated driver, python_cpu)
 #   3. what the backend is: torch version, which parts of gvmalloc's API it uses
 #   4. the allocator semantics, PyTorch's allocator beside gvmalloc, one table
-#      (tools/torch-semantics.sh), within GVM_TORCH_SEMANTICS_S (default 270) s
+#      (tools/torch-semantics.sh), within GVM_TORCH_SEMANTICS_S (default 210) s
 #   5. the programs: ResNet-50 / GPT-2 training, a Llama generate loop, each
 #      with native, expandable segments and gvmalloc (bench/torch_programs.py),
-#      within GVM_TORCH_PROGRAMS_S (default 270) s
+#      within GVM_TORCH_PROGRAMS_S (default 210) s
 #   6. a summary: every step's status, then both tables
 #
 # GVM_TORCH_CMAKE_ARGS: more arguments for the configure step.
@@ -83,13 +83,13 @@ print("config:", gvmalloc.stats()["config"])
 fi
 
 if want semantics; then
-  args=(--deadline "${GVM_TORCH_SEMANTICS_S:-270}")
+  args=(--deadline "${GVM_TORCH_SEMANTICS_S:-210}")
   [ -n "${GVM_TORCH_CASES:-}" ] && args+=(--cases "$GVM_TORCH_CASES")
   OUT="$OUT_DIR" step semantics "$ROOT/tools/torch-semantics.sh" "$BUILD" "${args[@]}"
 fi
 
 if want programs; then
-  args=(--out "$OUT_DIR/torch-programs" --deadline "${GVM_TORCH_PROGRAMS_S:-270}")
+  args=(--out "$OUT_DIR/torch-programs" --deadline "${GVM_TORCH_PROGRAMS_S:-210}")
   [ -n "${GVM_TORCH_PROGRAMS:-}" ] && args+=(--programs "$GVM_TORCH_PROGRAMS")
   step programs "$PYTHON" "$ROOT/bench/torch_programs.py" "${args[@]}"
 fi
