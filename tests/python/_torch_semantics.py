@@ -17,10 +17,11 @@ semantics differ, Skip when it cannot run here.
                                      [--allocators native,gvm] [--deadline S]
                                                        every case under both, one table
 
-In table mode a worker that dies is reported as CRASH for the case it was
-running (with its exit status or signal and the end of its stderr), a case
-that runs past its time as TIMEOUT, and the remaining cases go on in a new
-worker. tools/torch-semantics.sh runs the table with the environment set.
+In table mode each case runs under each allocator before the next case; a
+worker that dies is reported as CRASH for the case it was running (with its
+exit status or signal and the end of its stderr), a case that runs past its
+time as TIMEOUT, and the remaining cases go on in a new worker.
+tools/torch-semantics.sh runs the table with the environment set.
 """
 
 import gc
@@ -932,6 +933,10 @@ def run_case(name, alloc):
                   "traceback": traceback.format_exc()[-3000:]}
     try:
         settle()
+        # The next case, and the other allocator's worker, start from the memory
+        # the driver has, not from what this case left cached.
+        if "torch" in sys.modules:
+            sys.modules["torch"].cuda.empty_cache()
     except Exception as e:  # a broken context is the case's result
         if status == "pass":
             status, detail = "fail", {"error": "after the case: %r" % e}
@@ -1030,57 +1035,60 @@ class Worker:
         self.err.close()
 
 
-def run_all(alloc, names, log_dir, timeout_cap=None, deadline=None):
-    """Results of `names` under `alloc`, in order, with workers started as needed.
-    deadline (time.monotonic()): cases not started by then are reported as not run."""
-    results = []
-    w = None
-    for name in names:
+class Runner:
+    """The cases of one allocator, each in a worker: one worker for the cases in a row,
+    a new one after a crash or a hang, one of its own for a fresh case."""
+
+    def __init__(self, alloc, log_dir, timeout_cap=None):
+        self.alloc, self.log_dir, self.timeout_cap = alloc, log_dir, timeout_cap
+        self.worker = None
+
+    def run(self, name, deadline=None):
         opts = CASES[name][2]
-        timeout = min(opts["timeout"], timeout_cap) if timeout_cap else opts["timeout"]
+        timeout = min(opts["timeout"], self.timeout_cap) if self.timeout_cap else opts["timeout"]
         if deadline is not None:
             left = deadline - time.monotonic()
             if left < 10:
-                results.append({"case": name, "allocator": alloc, "status": "not-run",
-                                "detail": {"error": "not run: the --deadline passed"}})
-                continue
+                return {"case": name, "allocator": self.alloc, "status": "not-run",
+                        "detail": {"error": "not run: the --deadline passed"}}
             timeout = min(timeout, left)
-        if opts["fresh"] and w is not None:
-            w.close()
-            w = None
-        if w is None:
-            w = Worker(alloc, log_dir)
-        print("  %-8s %-28s ..." % (alloc, name), flush=True)
-        r = w.run(name, timeout)
-        print("  %-8s %-28s %s (%.1f s)%s" % (alloc, name, r["status"], r.get("seconds", 0.0),
+        if opts["fresh"]:
+            self.close()
+        if self.worker is None:
+            self.worker = Worker(self.alloc, self.log_dir)
+        print("  %-8s %-28s ..." % (self.alloc, name), flush=True)
+        r = self.worker.run(name, timeout)
+        print("  %-8s %-28s %s (%.1f s)%s" % (self.alloc, name, r["status"], r.get("seconds", 0.0),
                                               "  " + r["detail"].get("error", "")[:160]
                                               if r["status"] != "pass" else ""), flush=True)
-        results.append(r)
         if r["status"] in ("CRASH", "TIMEOUT") or opts["fresh"]:
-            w.close()
-            w = None
-    if w is not None:
-        w.close()
-    return results
+            self.close()
+        return r
+
+    def close(self):
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
 
 
 def table(names, out_dir, timeout_cap=None, allocators=("native", "gvm"), deadline_s=None):
-    """Every case under every allocator; with deadline_s, each allocator gets an
-    equal share of it."""
+    """Every case under every allocator, case by case (each case under each allocator
+    before the next case: a run cut short by the deadline still compares the cases it
+    ran), as one table."""
     os.makedirs(out_dir, exist_ok=True)
     start = time.monotonic()
-    results = {}
-    for i, a in enumerate(allocators):
-        deadline = None
-        if deadline_s is not None:
-            deadline = start + deadline_s * (i + 1) / len(allocators)
-        results[a] = run_all(a, names, out_dir, timeout_cap, deadline)
+    deadline = start + deadline_s if deadline_s is not None else None
+    runners = {a: Runner(a, out_dir, timeout_cap) for a in allocators}
     rows = []
-    for i, name in enumerate(names):
-        row = {"case": name, "description": CASES[name][1], "expect": CASES[name][2]["expect"]}
-        for a in allocators:
-            row[a] = results[a][i]
-        rows.append(row)
+    try:
+        for name in names:
+            row = {"case": name, "description": CASES[name][1], "expect": CASES[name][2]["expect"]}
+            for a in allocators:
+                row[a] = runners[a].run(name, deadline)
+            rows.append(row)
+    finally:
+        for r in runners.values():
+            r.close()
     with open(os.path.join(out_dir, "torch-semantics.json"), "w") as f:
         json.dump(rows, f, indent=1, default=str)
     lines = ["", "=== PyTorch allocator semantics (%d cases, %.0f s)" % (len(names), time.monotonic() - start),
