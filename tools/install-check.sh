@@ -6,7 +6,8 @@
 #
 # cmake --install BUILD_DIR into a fresh prefix, then, from outside the source
 # tree and with GVMALLOC_LIBRARY unset, PYTHONPATH=<prefix>/lib/python only:
-# PyTorch with gvmalloc.torch.enable() runs a matmul, and CuPy with
+# PyTorch with gvmalloc.torch.enable() (the native backend, from the prefix)
+# runs a matmul, and CuPy with
 # gvmalloc.cupy.enable() an FFT, each in its own process, and both show their
 # allocations in gvmalloc's stats and the library loaded from the prefix.
 # Without torch or cupy that half is reported as skipped; exit 1 on a failure.
@@ -44,6 +45,10 @@ if runtime == "torch":
     a = torch.randn(512, 512, device="cuda")
     b = (a @ a).sum().item()
     torch.cuda.synchronize()
+    # The native backend, installed beside the library.
+    backend = gvmalloc.torch.backend_info()["library"]
+    assert backend.startswith(os.path.realpath(prefix)), backend
+    print("install-check torch: backend %s (%s)" % (backend, torch.cuda.get_allocator_backend()))
 else:
     import cupy, gvmalloc.cupy
     gvmalloc.cupy.enable()

@@ -7,7 +7,8 @@
 # (cmake --preset default); tools/gpu-suite.sh passes its build-gpu. A first
 # argument that starts with "-" is a pytest argument (tools/python-tests.sh -k cupy).
 #
-# Sets GVMALLOC_LIBRARY to BUILD_DIR/allocator/libgvmalloc.so and PYTHONPATH to
+# Sets GVMALLOC_LIBRARY to BUILD_DIR/allocator/libgvmalloc.so (and
+# GVMALLOC_TORCH_LIBRARY to the PyTorch backend beside it) and PYTHONPATH to
 # integrations/python, runs pytest (-s: the tests print losses, peak reserved and
 # step times), and ends with pytest's short summary. Without a GPU, torch,
 # cupy or numba the GPU tests are skipped with the reason; the CPU tests run anywhere.
@@ -34,6 +35,10 @@ if ! "$PYTHON" -c "import pytest" 2>/dev/null; then
 fi
 
 export GVMALLOC_LIBRARY="$LIB"
+# gvmalloc's PyTorch backend, built beside the library when cmake found torch;
+# without it gvmalloc.torch.enable() says how to build it, and the semantics
+# tests skip.
+[ -f "$BUILD/allocator/libgvmalloc_torch.so" ] && export GVMALLOC_TORCH_LIBRARY="$BUILD/allocator/libgvmalloc_torch.so"
 export PYTHONPATH="$ROOT/integrations/python${PYTHONPATH:+:$PYTHONPATH}"
 export NCCL_NVLS_ENABLE=0
 export CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8}

@@ -1,7 +1,7 @@
 """gvmalloc for Python: the virtual-memory GPU allocator behind PyTorch and CuPy.
 
     import gvmalloc.torch
-    gvmalloc.torch.enable()          # before the first CUDA tensor
+    gvmalloc.torch.enable()          # before the first CUDA tensor (the native backend)
     ...
     gvmalloc.stats()["devices"][0]["peak_reserved_bytes"]
 
@@ -16,10 +16,12 @@ import ctypes
 import json
 
 from . import _lib
-from ._lib import GvmError, LibraryNotFound, OutOfMemoryError, library_path
+from ._lib import GvmError, LibraryNotFound, OutOfMemoryError, TorchBackendNotFound, library_path
+from ._torch_backend import TorchBackendError, TorchVersionMismatch
 
 __all__ = [
-    "GvmError", "LibraryNotFound", "OutOfMemoryError", "library_path",
+    "GvmError", "LibraryNotFound", "OutOfMemoryError", "TorchBackendNotFound",
+    "TorchBackendError", "TorchVersionMismatch", "library_path",
     "init", "init_simulated", "shutdown", "is_initialized", "ensure_initialized",
     "malloc", "free", "scratch_malloc", "record_stream",
     "stats", "memory_snapshot", "device_stats", "memory_reserved", "max_memory_reserved",
