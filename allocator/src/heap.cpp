@@ -594,6 +594,7 @@ std::size_t Heap::reclaim_spans() {
 // --------------------------------------------------------------- release --
 
 std::size_t Heap::release_cached(std::size_t want, bool all) {
+  std::lock_guard<std::mutex> chunks(chunks_mu_);
   std::vector<LargeArena::Release> picked;
   WaitSet waits;
   {

@@ -113,8 +113,10 @@ class Heap {
   // reads it under the shared one.
   const std::vector<vmm::AccessDesc>& access() const noexcept { return access_; }
   void set_access_list(std::vector<vmm::AccessDesc> a) { access_ = std::move(a); }
-  // The mapped chunks, for an access change.
+  // The mapped chunks, for an access change. Hold chunks_lock() across the
+  // change: no release drops a chunk meanwhile.
   std::vector<Run> chunk_ranges() const;
+  std::mutex& chunks_lock() noexcept { return chunks_mu_; }
   // Every stream that may touch this heap's memory now: live blocks' streams
   // and users, free blocks' waits (the fence before an access change).
   WaitSet touching() const;
@@ -163,6 +165,10 @@ class Heap {
 
   mutable SpinLock lock_;
   std::mutex growing_;
+  // Held by a release of this heap's chunks and by an access change of them
+  // (the peer scratch: a release for another heap's growth may come from any
+  // thread, with no policy lock).
+  std::mutex chunks_mu_;
   LargeArena arena_;
   SmallBlocks small_;
   // Lent granules whose spans went unused, to go home with lock_ released.
