@@ -100,7 +100,11 @@ class DeviceHeap {
                              std::size_t requested);
   // Routes a free, record_stream or peer note by address: a slot to its
   // span's owner, a large block to the heap whose arena holds it.
-  bool deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream);
+  // own_stream: on the block's allocation stream (`stream` unused);
+  // *requested: what it was allocated with. During a capture on this device
+  // a block outside a capturing pool is kept until the capture ends.
+  bool deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream,
+                  bool own_stream = false, std::size_t* requested = nullptr);
   bool record_stream(std::uintptr_t addr, StreamState& user);
   void note_use(std::uintptr_t addr, StreamState& user);
   // A mapped free granule of another stream's heap for a span of `taker`'s
@@ -138,6 +142,14 @@ class DeviceHeap {
   void trim();
 
 
+  // --- CUDA graph capture -------------------------------------------------------
+  // Captures under way on this device (Allocator::begin_capture): while any
+  // is, nothing here queries events, synchronises, fences or releases.
+  bool capturing() const noexcept { return captures_.load(std::memory_order_acquire) > 0; }
+  void begin_capture() noexcept { captures_.fetch_add(1, std::memory_order_acq_rel); }
+  // The last capture's end frees what was freed outside the pools meanwhile.
+  void end_capture();
+
   // --- accounting -------------------------------------------------------------
   // Sums the live bytes of every heap, raises the peak, and returns the
   // headroom left to it: a heap whose live bytes pass its watermark (its
@@ -165,6 +177,10 @@ class DeviceHeap {
 
  private:
   Heap& add_heap(std::unique_ptr<Heap> h);
+  bool defer_free(Heap* h, Span* s, std::uintptr_t addr, std::size_t bytes,
+                  vmm::StreamHandle stream, bool own_stream, std::size_t* requested);
+  static const char* const kCaptureCap;
+  static const char* const kCaptureDevice;
   std::size_t reclaim_for_oom();
 
   vmm::Driver& driver_;
@@ -194,6 +210,16 @@ class DeviceHeap {
   std::atomic<std::uint64_t> cross_stream_waits_{0};
   std::atomic<std::int64_t> transit_{0};
   std::atomic<std::int64_t> handoffs_{0};
+  std::atomic<int> captures_{0};
+  // Frees kept back by a capture: address, size, stream, own stream.
+  struct DeferredFree {
+    std::uintptr_t addr;
+    std::size_t bytes;
+    vmm::StreamHandle stream;
+    bool own_stream;
+  };
+  std::mutex deferred_mu_;
+  std::vector<DeferredFree> deferred_;
 
 };
 

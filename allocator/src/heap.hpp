@@ -67,8 +67,14 @@ class Heap {
   // false, changing nothing, when none of this heap starts there. Throws
   // usage_error (nothing changed) for a size that does not match.
   // `*requested`: what the block was allocated with.
+  // own_stream: on the block's allocation stream (`stream` unused).
   bool deallocate_large(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream,
-                        std::size_t* requested);
+                        bool own_stream, std::size_t* requested);
+  // The live block at addr, for a free deferred during a capture: its
+  // requested size, or false if there is none (nothing changes).
+  bool live_large(std::uintptr_t addr, std::size_t* requested) const;
+  // Exactly [addr, addr + bytes) as a live block again (Allocator::allocate_at).
+  void* allocate_at(std::uintptr_t addr, std::size_t bytes, StreamState& user);
   // Frees a slot of span s (this heap is its owner). Throws usage_error for
   // a slot that is not live or a size of another class.
   void free_slot(Span* s, std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream);
@@ -79,9 +85,21 @@ class Heap {
   // `user` (of any device) uses the live slot / block holding addr: its
   // free, and any fence before this memory's access changes, wait for it.
   void note_slot(Span* s, std::uintptr_t addr, StreamState& user);
+  bool slot_is_live(Span* s, std::uintptr_t addr) const;
   void note_large(std::uintptr_t addr, StreamState& user);
   bool is_live_block(std::uintptr_t addr, std::size_t bytes) const;
   bool holds(std::uintptr_t addr) const;
+
+  // --- a private pool ----------------------------------------------------------
+  // A capture into this pool is under way (Allocator::begin_capture).
+  void capture(int delta) noexcept { capturing_.fetch_add(delta, std::memory_order_acq_rel); }
+  bool capturing() const noexcept { return capturing_.load(std::memory_order_acquire) > 0; }
+  // No allocation names the pool again; its memory goes back as it is freed.
+  void release_pool();
+  // As release_pool, but its memory goes back from the next free on (a
+  // capture on the device forbids the fence now).
+  void release_pool_later() noexcept { released_.store(true, std::memory_order_release); }
+  bool released() const noexcept { return released_.load(std::memory_order_acquire); }
 
   // --- for the device heap ----------------------------------------------------
   // A wholly mapped free block of `size` for `taker`, a stream of another
@@ -190,6 +208,8 @@ class Heap {
   std::uint64_t hits_ = 0;
   std::uint64_t cross_stream_waits_ = 0;
   std::atomic<std::uint64_t> waits_outside_{0};  // counted with lock_ released
+  std::atomic<int> capturing_{0};
+  std::atomic<bool> released_{false};
 };
 
 }  // namespace gvm::detail

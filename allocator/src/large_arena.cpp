@@ -108,14 +108,26 @@ std::size_t LargeArena::drop_unused_regions() {
 // ----------------------------------------------------------------- blocks --
 
 Block* LargeArena::find_fit(std::size_t size, std::size_t alignment, const StreamState* taker,
-                            bool mapped_only) {
-  auto fits = [&](const Block* b) {
-    const std::uintptr_t a = round_up(b->addr, alignment);
-    if (b->size < size || a + size > b->end()) return false;
-    if (!mapped_only) return true;
-    Block view;  // the part the taker would get
-    view.addr = a;
+                            bool mapped_only, bool strict, std::uintptr_t* at) {
+  // Where in b the taker's block would go: its start, or - strict, when b
+  // holds other streams' memory - its unmapped tail, which waits for nothing
+  // (free memory at a region's frontier merges with the blocks freed next to
+  // it, so the unmapped rest carries their waits).
+  auto place = [&](const Block* b, std::uintptr_t* where) {
+    if (b->size < size) return false;
+    const std::uintptr_t head = round_up(b->addr, alignment);
+    if (head + size > b->end()) return false;
+    Block view;
     view.size = size;
+    if (strict && !b->waits.only(taker)) {
+      view.addr = (b->end() - size) / alignment * alignment;
+      if (view.addr < head || !unmapped(&view)) return false;
+      *where = view.addr;
+      return true;
+    }
+    *where = head;
+    if (!mapped_only) return true;
+    view.addr = head;  // the part the taker would get
     return fully_mapped(&view);
   };
   auto own = [&](const Block* b) { return !b->waits.empty() && b->waits.only(taker); };
@@ -127,27 +139,42 @@ Block* LargeArena::find_fit(std::size_t size, std::size_t alignment, const Strea
   // `taker` alone, that one (a stream reuses its own memory without
   // waiting). Untouched blocks get no preference: they are mostly the
   // unmapped rest of a region, and a wait for another stream costs less
-  // than growing. Aligned requests (spans) and steals look a little further,
-  // as a bin's blocks may not fit at the alignment or be mapped.
+  // than growing. Aligned requests (spans), steals and strict takes look a
+  // little further, as a bin's blocks may not fit at the alignment, be
+  // mapped, or be free of other streams' work.
   constexpr int kScan = 32;  // blocks looked at in one bin
-  int bins_left = alignment > kBlockAlignment || mapped_only ? 8 : 2;
+  int bins_left = alignment > kBlockAlignment || mapped_only || strict ? 8 : 2;
   for (int bin = free_.next_bin(FreeBins::bin_of(size)); bin < FreeBins::kBins && bins_left > 0;
        bin = free_.next_bin(bin + 1), --bins_left) {
     Block* best = nullptr;
+    std::uintptr_t best_at = 0, where = 0;
     int scanned = 0;
     for (Block* b = free_.head(bin); b != nullptr && scanned < kScan; b = b->bin_next, ++scanned) {
-      if (!fits(b)) continue;
-      if (own(b)) return b;
-      if (best == nullptr || before(b, best)) best = b;
+      if (!place(b, &where)) continue;
+      if (own(b)) {
+        *at = where;
+        return b;
+      }
+      if (best == nullptr || before(b, best)) {
+        best = b;
+        best_at = where;
+      }
     }
-    if (best != nullptr) return best;
+    if (best != nullptr) {
+      *at = best_at;
+      return best;
+    }
   }
-  // Aligned requests that found nothing try the largest block, which is
-  // mostly the unmapped rest of a region.
-  if (alignment > kBlockAlignment && !mapped_only) {
+  // Aligned or strict requests that found nothing try the largest block,
+  // which is mostly the unmapped rest of a region.
+  if ((alignment > kBlockAlignment || strict) && !mapped_only) {
     if (const int last = free_.last_bin(); last >= 0) {
+      std::uintptr_t where = 0;
       for (Block* b = free_.head(last); b != nullptr; b = b->bin_next)
-        if (fits(b)) return b;
+        if (place(b, &where)) {
+          *at = where;
+          return b;
+        }
     }
   }
   return nullptr;
@@ -178,12 +205,33 @@ Block* LargeArena::split_to(Block* b, std::uintptr_t at, std::size_t size) {
   return b;
 }
 
+Block* LargeArena::take_at(std::uintptr_t addr, std::size_t size) {
+  for (const auto& r : regions_) {
+    if (addr - r->base >= r->size) continue;
+    for (Block* b = r->first; b != nullptr; b = b->next) {
+      if (b->end() <= addr) continue;
+      if (!b->free || b->addr > addr || addr + size > b->end()) return nullptr;
+      erase_free(b);
+      b = split_to(b, addr, size);
+      b->free = false;
+      b->releasing = false;
+      b->pending = true;
+      b->span = nullptr;
+      b->requested = size;
+      if (unmapped(b)) b->waits.clear();
+      return b;
+    }
+  }
+  return nullptr;
+}
+
 Block* LargeArena::take(std::size_t size, std::size_t alignment, const StreamState* taker,
-                        bool mapped_only) {
-  Block* b = find_fit(size, alignment, taker, mapped_only);
+                        bool mapped_only, bool strict) {
+  std::uintptr_t at = 0;
+  Block* b = find_fit(size, alignment, taker, mapped_only, strict, &at);
   if (b == nullptr) return nullptr;
   erase_free(b);
-  b = split_to(b, round_up(b->addr, alignment), size);
+  b = split_to(b, at, size);
   b->free = false;
   b->releasing = false;
   b->pending = true;

@@ -67,7 +67,12 @@ class LargeArena {
   // `taker` wins (a stream reuses its own memory without waiting).
   // mapped_only: only blocks whose every granule is mapped (a steal).
   // Null when nothing fits.
-  Block* take(std::size_t size, std::size_t alignment, const StreamState* taker, bool mapped_only);
+  // strict: only blocks that need no wait for `taker` (a capture).
+  Block* take(std::size_t size, std::size_t alignment, const StreamState* taker, bool mapped_only,
+              bool strict = false);
+  // Exactly [addr, addr + size) of a free block, carved out like take's; null
+  // if the range is not all inside one free block.
+  Block* take_at(std::uintptr_t addr, std::size_t size);
   // A block handed out from `take` or freed by its user goes back: free,
   // with b->waits as the work a taker must wait for, merged with free
   // neighbours where mergeable.
@@ -162,7 +167,7 @@ class LargeArena {
   };
 
   Block* find_fit(std::size_t size, std::size_t alignment, const StreamState* taker,
-                  bool mapped_only);
+                  bool mapped_only, bool strict, std::uintptr_t* at);
   Block* split_to(Block* b, std::uintptr_t at, std::size_t size);
   Block* split_after(Block* x, std::size_t keep);
   void insert_free(Block* b) { free_.insert(b); }
