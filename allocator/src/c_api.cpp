@@ -331,6 +331,18 @@ void* gvm_scratch_malloc(size_t size, int device, void* stream) {
   }
 }
 
+gvm_status gvm_forget_stream(void* stream) {
+  constexpr const char* fn = "gvm_forget_stream";
+  Instance* inst = gvm::g_instance.load(std::memory_order_acquire);
+  if (inst == nullptr) return GVM_OK;  // nothing was seen
+  try {
+    inst->allocator->forget_stream(stream);
+    return GVM_OK;
+  } catch (...) {
+    return gvm::fail_current(fn);
+  }
+}
+
 gvm_status gvm_record_stream_on(void* ptr, void* stream, int stream_device) {
   constexpr const char* fn = "gvm_record_stream_on";
   Instance* inst = gvm::running(fn);

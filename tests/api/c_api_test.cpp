@@ -317,6 +317,22 @@ TEST_F(CApi, ProcessAllocatorIsTheOneTheCEntryPointsServe) {
   EXPECT_EQ(&process_allocator(), &a);
 }
 
+TEST_F(CApi, ForgetStream) {
+  EXPECT_EQ(gvm_forget_stream(reinterpret_cast<void*>(0x1234)), GVM_OK) << "nothing running";
+  start();
+  void* q = gvm_malloc(3 * kMiB, 0, nullptr);
+  ASSERT_NE(q, nullptr) << gvm_last_error();
+  EXPECT_EQ(gvm_free(q, 3 * kMiB, 0, nullptr), GVM_OK);
+  EXPECT_EQ(gvm_forget_stream(reinterpret_cast<void*>(0x999)), GVM_OK) << "a stream never seen";
+  // The legacy stream is forgotten too (a caller's mistake, not fatal): the
+  // next use makes a new state and the block freed above is still reusable.
+  EXPECT_EQ(gvm_forget_stream(nullptr), GVM_OK);
+  void* r = gvm_malloc(3 * kMiB, 0, nullptr);
+  ASSERT_NE(r, nullptr) << gvm_last_error();
+  EXPECT_EQ(gvm_free(r, 3 * kMiB, 0, nullptr), GVM_OK);
+  EXPECT_EQ(gvm_last_status(), GVM_OK) << gvm_last_error();
+}
+
 TEST_F(CApi, BadFreesAreRefusedAndChangeNothing) {
   start();
   void* p = gvm_malloc(10000, 0, nullptr);

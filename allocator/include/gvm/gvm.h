@@ -82,6 +82,11 @@ GVM_API gvm_status gvm_free(void* ptr, size_t size, int device, void* stream);
 
 /* The block `ptr` is also used on `stream`: its free waits for that work. */
 GVM_API gvm_status gvm_record_stream(void* ptr, void* stream);
+/* The stream is being destroyed: gvmalloc never uses its handle again, and a
+ * new stream that gets the same handle is a new stream (gvm::Allocator::
+ * forget_stream). Call it before or right after cuStreamDestroy. A stream
+ * gvmalloc never saw is ignored; without a running allocator, nothing to do. */
+GVM_API gvm_status gvm_forget_stream(void* stream);
 
 /* ---- peer scratch (docs/peer-access.md) ----------------------------------
  * A block in `device`'s scratch buffer, which the peers admitted by the peer

@@ -195,6 +195,7 @@ _PROTOTYPES = {
     "gvm_malloc": (_P, [_SIZE, _INT, _P]),
     "gvm_free": (_STATUS, [_P, _SIZE, _INT, _P]),
     "gvm_record_stream": (_STATUS, [_P, _P]),
+    "gvm_forget_stream": (_STATUS, [_P]),
     "gvm_scratch_malloc": (_P, [_SIZE, _INT, _P]),
     "gvm_record_stream_on": (_STATUS, [_P, _P, _INT]),
     "gvm_set_peer_policy": (_STATUS, [_STR]),
