@@ -553,26 +553,23 @@ gvm_status gvm_device_stats(int device, gvm_device_stats_t* out) {
   try {
     const gvm::DeviceStats d = inst->allocator->device_stats(device);
     gvm_device_stats_t s{};
-    s.device = d.device;
-    s.live_bytes = d.live_bytes;
-    s.reserved_bytes = d.reserved_bytes;
-    s.cached_bytes = d.cached_bytes;
-    s.peak_live_bytes = d.peak_live_bytes;
-    s.peak_reserved_bytes = d.peak_reserved_bytes;
-    s.scratch_reserved_bytes = d.scratch_reserved_bytes;
-    s.allocations = d.allocations;
-    s.frees = d.frees;
-    s.cache_hits = d.cache_hits;
-    s.chunks_mapped = d.chunks_mapped;
-    s.chunks_unmapped = d.chunks_unmapped;
-    s.oom_retries = d.oom_retries;
-    s.fences = d.fences;
-    s.cross_stream_waits = d.cross_stream_waits;
+#define GVM_STATS_COPY(type, name, doc) s.name = d.name;
+    GVM_DEVICE_STATS_FIELDS(GVM_STATS_COPY)
+#undef GVM_STATS_COPY
     *out = s;
     return GVM_OK;
   } catch (...) {
     return gvm::fail_current(fn);
   }
+}
+
+const char* gvm_device_stats_schema(void) {
+  static const char* const kSchema =
+#define GVM_STATS_LINE(type, name, doc) #type " " #name " " doc "\n"
+      GVM_DEVICE_STATS_FIELDS(GVM_STATS_LINE)
+#undef GVM_STATS_LINE
+      ;
+  return kSchema;
 }
 
 }  // extern "C"

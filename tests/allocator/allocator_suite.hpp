@@ -263,15 +263,9 @@ struct Frozen {
     calls = s.driver.calls;
   }
   static bool same(const DeviceStats& a, const DeviceStats& b) {
-    return a.device == b.device && a.live_bytes == b.live_bytes &&
-           a.reserved_bytes == b.reserved_bytes && a.cached_bytes == b.cached_bytes &&
-           a.peak_live_bytes == b.peak_live_bytes &&
-           a.peak_reserved_bytes == b.peak_reserved_bytes &&
-           a.scratch_reserved_bytes == b.scratch_reserved_bytes && a.allocations == b.allocations &&
-           a.frees == b.frees && a.cache_hits == b.cache_hits &&
-           a.chunks_mapped == b.chunks_mapped && a.chunks_unmapped == b.chunks_unmapped &&
-           a.oom_retries == b.oom_retries && a.fences == b.fences &&
-           a.cross_stream_waits == b.cross_stream_waits;
+#define GVM_STATS_SAME(type, name, doc) a.name == b.name&&
+    return GVM_DEVICE_STATS_FIELDS(GVM_STATS_SAME) true;
+#undef GVM_STATS_SAME
   }
   friend bool operator==(const Frozen& a, const Frozen& b) {
     if (a.devices.size() != b.devices.size() || a.calls != b.calls) return false;

@@ -20,13 +20,9 @@ extern "C" int gvm_c_round_trip(void);  // c_header_check.c
 
 // At global scope, where the argument type lives, so std::vector's == finds it.
 static bool operator==(const gvm_device_stats_t& a, const gvm_device_stats_t& b) {
-  return a.device == b.device && a.live_bytes == b.live_bytes &&
-         a.reserved_bytes == b.reserved_bytes && a.cached_bytes == b.cached_bytes &&
-         a.peak_live_bytes == b.peak_live_bytes && a.peak_reserved_bytes == b.peak_reserved_bytes &&
-         a.scratch_reserved_bytes == b.scratch_reserved_bytes && a.allocations == b.allocations &&
-         a.frees == b.frees && a.cache_hits == b.cache_hits && a.chunks_mapped == b.chunks_mapped &&
-         a.chunks_unmapped == b.chunks_unmapped && a.oom_retries == b.oom_retries &&
-         a.fences == b.fences && a.cross_stream_waits == b.cross_stream_waits;
+#define GVM_STATS_EQ(type, name, doc) a.name == b.name&&
+  return GVM_DEVICE_STATS_FIELDS(GVM_STATS_EQ) true;
+#undef GVM_STATS_EQ
 }
 
 namespace gvm {

@@ -171,7 +171,7 @@ def device_stats(device=None):
     """The counters of one device (gvm_device_stats) as a dict; zeros before the allocator starts."""
     index = _device_index(device)
     lib = _lib.load()
-    s = _lib.DeviceStats()
+    s = _lib.device_stats_type(lib)()
     if not lib.gvm_is_initialized():
         s.device = index
         return s.to_dict()

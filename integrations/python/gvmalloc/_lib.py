@@ -161,29 +161,27 @@ _STATUS = ctypes.c_int
 _STR = ctypes.c_char_p
 
 
-class DeviceStats(ctypes.Structure):
-    """gvm_device_stats_t (gvm.h), field for field."""
+_CTYPES = {"int": ctypes.c_int, "size_t": ctypes.c_size_t, "uint64_t": ctypes.c_uint64}
 
-    _fields_ = [
-        ("device", ctypes.c_int),
-        ("live_bytes", ctypes.c_size_t),
-        ("reserved_bytes", ctypes.c_size_t),
-        ("cached_bytes", ctypes.c_size_t),
-        ("peak_live_bytes", ctypes.c_size_t),
-        ("peak_reserved_bytes", ctypes.c_size_t),
-        ("scratch_reserved_bytes", ctypes.c_size_t),
-        ("allocations", ctypes.c_uint64),
-        ("frees", ctypes.c_uint64),
-        ("cache_hits", ctypes.c_uint64),
-        ("chunks_mapped", ctypes.c_uint64),
-        ("chunks_unmapped", ctypes.c_uint64),
-        ("oom_retries", ctypes.c_uint64),
-        ("fences", ctypes.c_uint64),
-        ("cross_stream_waits", ctypes.c_uint64),
-    ]
 
-    def to_dict(self):
-        return {name: getattr(self, name) for name, _ in self._fields_}
+def device_stats_type(lib):
+    """gvm_device_stats_t as a ctypes Structure, built from the library's own
+    table (gvm_device_stats_schema: allocator/include/gvm/device_stats_fields.h),
+    so that the Python view has exactly the library's fields."""
+    global _DEVICE_STATS
+    if _DEVICE_STATS is None:
+        fields = []
+        for line in lib.gvm_device_stats_schema().decode().splitlines():
+            ctype, name = line.split(" ", 2)[:2]
+            fields.append((name, _CTYPES[ctype]))
+        _DEVICE_STATS = type("DeviceStats", (ctypes.Structure,), {
+            "_fields_": fields,
+            "to_dict": lambda self: {n: getattr(self, n) for n, _ in self._fields_},
+        })
+    return _DEVICE_STATS
+
+
+_DEVICE_STATS = None
 
 
 # name: (restype, argtypes)
@@ -194,6 +192,7 @@ _PROTOTYPES = {
     "gvm_is_initialized": (_INT, []),
     "gvm_malloc": (_P, [_SIZE, _INT, _P]),
     "gvm_free": (_STATUS, [_P, _SIZE, _INT, _P]),
+    "gvm_device_stats_schema": (_STR, []),
     "gvm_record_stream": (_STATUS, [_P, _P]),
     "gvm_forget_stream": (_STATUS, [_P]),
     "gvm_scratch_malloc": (_P, [_SIZE, _INT, _P]),
@@ -212,7 +211,7 @@ _PROTOTYPES = {
     "gvm_clear_last_error": (None, []),
     "gvm_status_name": (_STR, [_STATUS]),
     "gvm_stats_json": (_STATUS, [ctypes.c_char_p, _SIZE, ctypes.POINTER(_SIZE)]),
-    "gvm_device_stats": (_STATUS, [_INT, ctypes.POINTER(DeviceStats)]),
+    "gvm_device_stats": (_STATUS, [_INT, _P]),  # a device_stats_type(lib) instance
 }
 
 _lock = threading.Lock()
