@@ -45,6 +45,7 @@
 #include "gvm/allocator.hpp"
 #include "gvm/config.hpp"
 #include "gvm/vmm/cuda_driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 #include "gvm/vmm/sim_driver.hpp"
 #include "torch_baseline.hpp"
 
@@ -73,7 +74,7 @@ class Impl {
 class GvmEnv {
  public:
   // `driver` null: unavailable, for the reason `why_not`.
-  GvmEnv(std::unique_ptr<gvm::vmm::Driver> driver, std::string why_not)
+  GvmEnv(std::unique_ptr<gvm::vmm::TestDriver> driver, std::string why_not)
       : driver_(std::move(driver)), why_not_(std::move(why_not)) {
     if (!driver_) return;
     const gvm::vmm::Result r = driver_->stream_create(kDevice, &stream_);
@@ -92,12 +93,12 @@ class GvmEnv {
     }
   }
 
-  gvm::vmm::Driver* driver() const noexcept { return driver_.get(); }
+  gvm::vmm::TestDriver* driver() const noexcept { return driver_.get(); }
   gvm::vmm::StreamHandle stream() const noexcept { return stream_; }
   const std::string& why_not() const noexcept { return why_not_; }
 
  private:
-  std::unique_ptr<gvm::vmm::Driver> driver_;
+  std::unique_ptr<gvm::vmm::TestDriver> driver_;
   gvm::vmm::StreamHandle stream_ = nullptr;
   std::string why_not_;
 };
@@ -105,7 +106,7 @@ class GvmEnv {
 GvmEnv& cuda_env() {
   static GvmEnv env = [] {
     std::string why;
-    auto driver = gvm::vmm::try_load_cuda_driver(&why);
+    auto driver = gvm::vmm::try_load_cuda_test_driver(&why);
     std::string why_not;
     if (!driver) why_not = why.rfind("no CUDA driver", 0) == 0 ? why : "no CUDA driver: " + why;
     return GvmEnv(std::move(driver), std::move(why_not));

@@ -36,6 +36,7 @@
 #include "gvm/allocator.hpp"
 #include "gvm/config.hpp"
 #include "gvm/vmm/cuda_driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 #include "gvm/vmm/sim_driver.hpp"
 #include "torch_baseline.hpp"
 
@@ -106,7 +107,7 @@ class Shared {
 
 // gvmalloc: a driver per process, a fresh Allocator per benchmark run.
 struct DriverEnv {
-  std::unique_ptr<gvm::vmm::Driver> driver;
+  std::unique_ptr<gvm::vmm::TestDriver> driver;
   std::string why_not;
 };
 
@@ -114,7 +115,7 @@ DriverEnv& cuda_env() {
   static DriverEnv env = [] {
     DriverEnv e;
     std::string why;
-    e.driver = gvm::vmm::try_load_cuda_driver(&why);
+    e.driver = gvm::vmm::try_load_cuda_test_driver(&why);
     if (!e.driver) e.why_not = why.rfind("no CUDA driver", 0) == 0 ? why : "no CUDA driver: " + why;
     return e;
   }();
@@ -128,7 +129,7 @@ DriverEnv& sim_env() {
 
 class GvmThread final : public ThreadCtx {
  public:
-  GvmThread(gvm::vmm::Driver& driver, gvm::Allocator& allocator)
+  GvmThread(gvm::vmm::TestDriver& driver, gvm::Allocator& allocator)
       : driver_(driver), allocator_(allocator) {
     gvm::vmm::check(driver_.stream_create(kDevice, &stream_), "cuStreamCreate");
   }
@@ -147,21 +148,21 @@ class GvmThread final : public ThreadCtx {
   }
 
  private:
-  gvm::vmm::Driver& driver_;
+  gvm::vmm::TestDriver& driver_;
   gvm::Allocator& allocator_;
   gvm::vmm::StreamHandle stream_ = nullptr;
 };
 
 class GvmShared final : public Shared {
  public:
-  explicit GvmShared(gvm::vmm::Driver& driver)
+  explicit GvmShared(gvm::vmm::TestDriver& driver)
       : driver_(driver), allocator_(driver, gvm::config_from_env()) {}
   std::unique_ptr<ThreadCtx> make_thread() override {
     return std::make_unique<GvmThread>(driver_, allocator_);
   }
 
  private:
-  gvm::vmm::Driver& driver_;
+  gvm::vmm::TestDriver& driver_;
   gvm::Allocator allocator_;
 };
 

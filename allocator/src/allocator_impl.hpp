@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "counting_driver.hpp"
 #include "device_heap.hpp"
 #include "fence.hpp"
 #include "gvm/allocator.hpp"
+#include "gvm/vmm/counting_driver.hpp"
 #include "peer_policy.hpp"
 
 namespace gvm {
@@ -120,7 +120,7 @@ class Allocator::Impl {
   // The heap (arena or scratch) of `device` that holds addr, or null.
   detail::DeviceHeap* heap_holding(int device, std::uintptr_t addr) const;
 
-  detail::CountingDriver driver_;
+  vmm::CountingDriver driver_;
   Config config_;
   std::vector<vmm::DeviceCaps> caps_;
   detail::Fence fence_;

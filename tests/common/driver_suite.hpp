@@ -6,7 +6,7 @@
 //
 //   INSTANTIATE_TEST_SUITE_P(Cuda, DriverSuite,
 //       ::testing::Values(gvm::test::DriverFactory{"cuda", [](std::string* why) {
-//         return gvm::vmm::try_load_cuda_driver(why);
+//         return gvm::vmm::try_load_cuda_test_driver(why);
 //       }}),
 //       gvm::test::factory_name);
 //
@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "gvm/vmm/device_caps.hpp"
-#include "gvm/vmm/driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 #include "gvm/vmm/owners.hpp"
 
 namespace gvm::test {
@@ -40,7 +40,7 @@ namespace gvm::test {
 struct DriverFactory {
   std::string name;  // the test-name suffix: letters, digits and '_' only
   // A driver, or nullptr with *why saying why there is none.
-  std::function<std::unique_ptr<vmm::Driver>(std::string* why)> make;
+  std::function<std::unique_ptr<vmm::TestDriver>(std::string* why)> make;
 };
 
 // GoogleTest prints a parameter in the test list ("# GetParam() = ..."):
@@ -64,7 +64,7 @@ class DriverSuite : public ::testing::TestWithParam<DriverFactory> {
     gran_ = caps_.granularity;
   }
 
-  vmm::Driver& driver() { return *driver_; }
+  vmm::TestDriver& driver() { return *driver_; }
   bool has_vmm() const { return caps_.vmm; }
   // Devices 0 and 1 can access each other (a peer pair for access tests).
   bool peer_pair() {
@@ -84,7 +84,7 @@ class DriverSuite : public ::testing::TestWithParam<DriverFactory> {
     return v;
   }
 
-  std::unique_ptr<vmm::Driver> driver_;
+  std::unique_ptr<vmm::TestDriver> driver_;
   int devices_ = 0;
   vmm::DeviceCaps caps_;
   std::size_t gran_ = 0;
