@@ -8,11 +8,15 @@
 //      from this table)
 //   3. whether cuStreamCreate hands a destroyed stream's handle out again
 //
-//   gvm-driver-probe [--device N]
+//   gvm-driver-probe [--device N] [--sim] [--skip TEXT]...
 //
-// One GPU, well under a minute. Exit 0 when every part ran, 1 without a
-// driver (one line says why), 2 when the driver got stuck (a watchdog names
-// the step) or the context died.
+// One GPU, well under a minute. With --sim it asks the simulated driver (an
+// H200 pair) instead: the same tables, to set beside the real driver's, and
+// a CPU test that the probe itself runs. Exit 0 when every part ran, 1
+// without a driver (one line says why), 2 when the driver got stuck (a
+// watchdog names the step) or the context died. Every row is flushed as it
+// is printed, so a run that got stuck keeps what it found; --skip leaves out
+// the rows of part 2 whose call contains TEXT (the one that got stuck).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -29,6 +33,7 @@
 #include <vector>
 
 #include "gvm/vmm/cuda_driver.hpp"
+#include "gvm/vmm/sim_driver.hpp"
 #include "gvm/vmm/test_driver.hpp"
 
 namespace {
@@ -75,6 +80,8 @@ void start_watchdog(int seconds) {
     }
   }).detach();
 }
+
+std::vector<std::string> g_skip;
 
 std::string name(Result r) {
   return r == Result::success ? "ok" : gvm::vmm::result_name(r);
@@ -154,8 +161,9 @@ double median_ns(TestDriver& d, int dev, StreamHandle a, StreamHandle b, F&& cal
 bool costs(TestDriver& d, int dev) {
   std::printf("## 1. Cost of one call through CudaDriver (ns; median of %d batches of %d)\n\n",
               kBatches, kPerBatch);
-  std::printf("CudaDriver adds a cuCtxGetCurrent per call (and a switch when another context "
-              "is current): what the allocator pays.\n\n");
+  std::printf("Through CudaDriver, which adds a cuCtxGetCurrent per call (and a switch when "
+              "another context is current): what the allocator pays. (With --sim: the "
+              "simulator's own cost, meaningless for the GPU.)\n\n");
   std::printf("| call | ns | result |\n|---|---|---|\n");
   StreamHandle a = nullptr, b = nullptr;
   EventHandle e = nullptr;
@@ -186,6 +194,7 @@ bool costs(TestDriver& d, int dev) {
   row("cuStreamGetCaptureInfo (not capturing)",
       median_ns(d, dev, a, b, [&] { last = d.stream_capture_status(dev, a, &st, nullptr); }));
   std::printf("\n");
+  std::fflush(stdout);
   (void)d.event_destroy(e);
   (void)d.stream_destroy(dev, a);
   (void)d.stream_destroy(dev, b);
@@ -391,6 +400,13 @@ std::vector<Op> ops() {
 // op run on the main thread.
 bool capture_row(TestDriver& d, int dev, std::size_t gran, const Op& op, CaptureMode mode,
                  Worker* capturer) {
+  for (const std::string& skip : g_skip) {
+    if (std::string(op.call).find(skip) != std::string::npos) {
+      std::printf("| %s | %s | %s | skipped (--skip) | | |\n", op.call,
+                  gvm::vmm::capture_mode_name(mode), capturer ? "another thread" : "this thread");
+      return true;
+    }
+  }
   Probe p{d, dev, gran};
   step(std::string("capture setup: ") + op.call);
   if (d.stream_create(dev, &p.a) != Result::success ||
@@ -436,6 +452,7 @@ bool capture_row(TestDriver& d, int dev, std::size_t gran, const Op& op, Capture
               status_r == Result::success ? gvm::vmm::capture_status_name(after)
                                           : name(status_r).c_str(),
               name(ended).c_str());
+  std::fflush(stdout);
   (void)d.event_destroy(p.before);
   (void)d.event_destroy(p.inside);
   (void)d.event_destroy(p.join);
@@ -529,17 +546,27 @@ bool recycling(TestDriver& d, int dev) {
 
 int main(int argc, char** argv) {
   int dev = 0;
+  bool sim = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--device" && i + 1 < argc) {
       dev = std::atoi(argv[++i]);
+    } else if (a == "--sim") {
+      sim = true;
+    } else if (a == "--skip" && i + 1 < argc) {
+      g_skip.emplace_back(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: gvm-driver-probe [--device N]\n");
+      std::fprintf(stderr, "usage: gvm-driver-probe [--device N] [--sim] [--skip TEXT]...\n");
       return 64;
     }
   }
   std::string why;
-  std::unique_ptr<TestDriver> d = gvm::vmm::try_load_cuda_test_driver(&why);
+  std::unique_ptr<TestDriver> d;
+  if (sim) {
+    d = gvm::vmm::SimDriver::uniform(gvm::vmm::Profile::h200, 2);
+  } else {
+    d = gvm::vmm::try_load_cuda_test_driver(&why);
+  }
   if (!d) {
     std::printf("gvm-driver-probe: %s\n", why.c_str());
     return 1;
@@ -555,8 +582,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   start_watchdog(20);
-  std::printf("# gvm-driver-probe: device %d, %s, driver %d\n\n", dev, device_name.c_str(),
-              gvm::vmm::cuda_driver_version(*d));
+  std::printf("# gvm-driver-probe: device %d, %s, %s driver %d\n\n", dev, device_name.c_str(),
+              d->name(), gvm::vmm::cuda_driver_version(*d));
   const auto t0 = std::chrono::steady_clock::now();
   const bool ok = costs(*d, dev) && captures(*d, dev, gran) && recycling(*d, dev);
   std::printf("done in %.1f s%s\n",
