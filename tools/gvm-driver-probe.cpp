@@ -383,7 +383,8 @@ std::vector<Op> ops() {
                  return p.d.memcpy_htod(p.dev, p.classic, host, sizeof host);
                },
                [](Probe& p) { (void)p.d.mem_free(p.dev, p.classic); }});
-  v.push_back({"cuStreamCreate", nothing, [](Probe& p) { return p.d.stream_create(p.dev, &p.extra); },
+  v.push_back({"cuStreamCreate", nothing,
+               [](Probe& p) { return p.d.stream_create(p.dev, &p.extra); },
                [](Probe& p) {
                  if (p.done) (void)p.d.stream_destroy(p.dev, p.extra);
                }});

@@ -296,6 +296,57 @@ TEST_P(DriverSuite, EventsAndStreams) {
   EXPECT_EQ(driver().stream_destroy(0, b), Result::success);
 }
 
+// cuda.h: a stream's id "is unique for the life of the program"; the legacy
+// stream has one too.
+TEST_P(DriverSuite, StreamIdsAreUniqueAndNeverReused) {
+  vmm::StreamHandle a = nullptr, b = nullptr, c = nullptr;
+  ASSERT_EQ(driver().stream_create(0, &a), Result::success);
+  ASSERT_EQ(driver().stream_create(0, &b), Result::success);
+  std::uint64_t ia = 0, ib = 0, il = 0, again = 0, ic = 0;
+  ASSERT_EQ(driver().stream_get_id(0, a, &ia), Result::success);
+  ASSERT_EQ(driver().stream_get_id(0, b, &ib), Result::success);
+  ASSERT_EQ(driver().stream_get_id(0, nullptr, &il), Result::success);
+  EXPECT_NE(ia, ib);
+  EXPECT_NE(ia, il);
+  EXPECT_NE(ib, il);
+  ASSERT_EQ(driver().stream_get_id(0, a, &again), Result::success);
+  EXPECT_EQ(again, ia) << "the same stream, the same id";
+  ASSERT_EQ(driver().stream_destroy(0, a), Result::success);
+  ASSERT_EQ(driver().stream_create(0, &c), Result::success);
+  ASSERT_EQ(driver().stream_get_id(0, c, &ic), Result::success);
+  EXPECT_NE(ic, ia) << "a new stream never gets an old id, whatever its handle";
+  EXPECT_NE(ic, ib);
+  EXPECT_EQ(driver().stream_get_id(0, c, nullptr), Result::invalid_value);
+  EXPECT_EQ(driver().stream_destroy(0, b), Result::success);
+  EXPECT_EQ(driver().stream_destroy(0, c), Result::success);
+}
+
+TEST_P(DriverSuite, CaptureStatusFollowsBeginAndEnd) {
+  vmm::DevicePtr p = 0;
+  ASSERT_EQ(driver().mem_alloc(0, 4096, &p), Result::success);
+  vmm::StreamHandle s = nullptr;
+  ASSERT_EQ(driver().stream_create(0, &s), Result::success);
+  vmm::CaptureStatus st = vmm::CaptureStatus::invalidated;
+  ASSERT_EQ(driver().stream_capture_status(0, s, &st, nullptr), Result::success);
+  EXPECT_EQ(st, vmm::CaptureStatus::none);
+  std::uint64_t ids[2] = {0, 0};
+  for (std::uint64_t& id : ids) {
+    ASSERT_EQ(driver().stream_begin_capture(0, s, vmm::CaptureMode::relaxed), Result::success);
+    ASSERT_EQ(driver().stream_capture_status(0, s, &st, &id), Result::success);
+    EXPECT_EQ(st, vmm::CaptureStatus::active);
+    EXPECT_EQ(driver().memset_d8_async(0, p, 1, 4096, s), Result::success) << "captured";
+    EXPECT_EQ(driver().stream_end_capture(0, s), Result::success);
+    ASSERT_EQ(driver().stream_capture_status(0, s, &st, nullptr), Result::success);
+    EXPECT_EQ(st, vmm::CaptureStatus::none);
+  }
+  EXPECT_NE(ids[0], ids[1]) << "each capture sequence has its own id";
+  EXPECT_NE(driver().stream_begin_capture(0, nullptr, vmm::CaptureMode::relaxed), Result::success)
+      << "the legacy stream cannot be captured";
+  EXPECT_EQ(driver().stream_destroy(0, s), Result::success);
+  EXPECT_EQ(driver().ctx_synchronize(0), Result::success);
+  EXPECT_EQ(driver().mem_free(0, p), Result::success);
+}
+
 TEST_P(DriverSuite, ClassicAllocationRoundTrip) {
   vmm::DevicePtr p = 0;
   const std::size_t n = std::size_t{1} << 20;

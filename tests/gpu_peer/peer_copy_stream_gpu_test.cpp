@@ -47,7 +47,8 @@ TEST_F(PeerCopyStreamGpuTest, NullStreamIsTheDestinationsLegacyStream) {
   GVM_ASSERT_OK(driver_->ctx_synchronize(0));
 
   std::uint32_t not_copied = 0, not_late = 0;
-  GVM_ASSERT_OK(kernels_->count_mismatches(*driver_, 1, nullptr, dst, kCopied, kWords, &not_copied));
+  GVM_ASSERT_OK(
+      kernels_->count_mismatches(*driver_, 1, nullptr, dst, kCopied, kWords, &not_copied));
   GVM_ASSERT_OK(kernels_->count_mismatches(*driver_, 1, nullptr, dst, kLate, kWords, &not_late));
   EXPECT_EQ(not_copied, 0u) << "the copy was not ordered after device 1's legacy stream: "
                             << (not_late == 0 ? "it ran on device 0's (the fill overwrote it)"

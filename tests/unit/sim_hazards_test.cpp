@@ -1,6 +1,6 @@
 // The hazard model: each rule that kills the context, next to its fenced
 // counterpart that must not; completion; races between streams; and
-// HazardModel, the two failures measured on real H200s (MEASUREMENTS.md).
+// HazardModel, the two failures measured on real H200s (docs/measurements.md).
 #include <string>
 #include <vector>
 
@@ -349,7 +349,7 @@ TEST_F(SimHazards, CopiesTakePartInRaces) {
   EXPECT_EQ(sim().race_count(), 1u) << "a synchronous copy after a sync is ordered";
 }
 
-// --- HazardModel: MEASUREMENTS.md "Hazards", both failures and both fences ---------
+// --- HazardModel: docs/measurements.md "Hazards", both failures and both fences ---------
 
 // Global peer access toggled between phases while a peer copy is queued:
 // 20/20 runs failed with "unspecified launch failure" on two H200s; with both

@@ -61,7 +61,8 @@ inline constexpr CaptureRule kCaptureRules[] = {
   {Call::enable_peer_access,   When::unsafe,            kUnsupported, true},
   {Call::disable_peer_access,  When::unsafe,            kUnsupported, true},
   // --- completion and synchronization -----------------------------------------------
-  {Call::event_query,          When::event_captured,    Result::captured_event, false},  // documented
+  // documented: an event recorded inside a capture conflicts with it in any mode
+  {Call::event_query,          When::event_captured,    Result::captured_event, false},
   {Call::event_query,          When::unsafe,            kUnsupported, true},
   {Call::event_synchronize,    When::event_captured,    Result::captured_event, false},
   {Call::event_synchronize,    When::unsafe,            kUnsupported, true},

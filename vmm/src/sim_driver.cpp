@@ -640,9 +640,9 @@ Result SimDriver::mem_set_access(DevicePtr addr, std::size_t size, const AccessD
       const Access before = m->second.access[static_cast<std::size_t>(d.device)];
       if (d.device == owner || before == d.access) continue;
       (before == Access::none ? grants : revokes) = true;
+      auto cc = [&](int dev) { return s_->devices[static_cast<std::size_t>(dev)].profile.cc_major; };
       const bool emulated =
-          sim::emulates_peer_access(s_->devices[static_cast<std::size_t>(d.device)].profile.cc_major) ||
-          sim::emulates_peer_access(s_->devices[static_cast<std::size_t>(owner)].profile.cc_major);
+          sim::emulates_peer_access(cc(d.device)) || sim::emulates_peer_access(cc(owner));
       if (emulated &&
           std::find(toggles.begin(), toggles.end(), std::pair{d.device, owner}) == toggles.end()) {
         toggles.emplace_back(d.device, owner);
