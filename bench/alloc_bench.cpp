@@ -14,7 +14,7 @@
 //                    the binary once per mode)
 //
 // Every implementation allocates on device 0 on one non-default stream made
-// once (cudaStreamNonBlocking for the runtime, Driver::stream_create for
+// once (cudaStreamNonBlocking for the runtime, TestDriver::stream_create for
 // gvmalloc), so stream-ordered semantics match. Without a GPU the GPU variants
 // are skipped with the reason; the simulated one runs.
 //

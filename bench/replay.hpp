@@ -2,7 +2,7 @@
 //
 // One call replays every event of a Trace on one device, in order: trace
 // stream 0 is the legacy default stream (nullptr), every other trace stream a
-// stream made with Driver::stream_create (TraceStreams). The timed part is the
+// stream made with TestDriver::stream_create (TraceStreams). The timed part is the
 // replay loop alone.
 //
 // Two kinds of pass (docs/replay.md):
