@@ -520,7 +520,9 @@ class CudaDriver final : public TestDriver {
     if (Result r = context(src_device, &src_ctx); r != Result::success) return r;
     // The Driver contract: `stream` is a stream of dst_device and nullptr
     // dst_device's legacy stream, which is the legacy stream of the context
-    // current for the call: dst_device's.
+    // current for the call: dst_device's. (The real driver also takes a
+    // stream of another device for a copy, as the CUDA programming guide
+    // says; the simulated driver holds callers to the contract.)
     return on_device(dst_device, [&] {
       return api_.cuMemcpyPeerAsync_(dst, dst_ctx, src, src_ctx, bytes, to_cu(stream));
     });

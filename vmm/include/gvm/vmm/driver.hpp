@@ -11,9 +11,9 @@
 // only what they change; CountingDriver (counting_driver.hpp) counts and times
 // every call. Nothing outside vmm/ includes <cuda.h> or names a cu* function.
 //
-// The table below is the boundary written once: the Driver interface, the
-// Call enum, call_name(), the forwarding base and every decorator are
-// generated from it. Each entry is
+// The boundary is written once, as the tables of driver_calls.hpp: the
+// Driver and TestDriver interfaces, the Call enum, call_name(), the
+// forwarding base and the decorators are generated from them. Each entry is
 //   X(name, "cuName", (parameters), (arguments))
 // and the comment before it is its contract.
 //
@@ -31,7 +31,6 @@
 #include "gvm/vmm/driver_calls.hpp"
 #include "gvm/vmm/result.hpp"
 #include "gvm/vmm/types.hpp"
-
 
 namespace gvm::vmm {
 
@@ -51,11 +50,6 @@ constexpr int kCallCount = 0 GVM_VMM_DRIVER_CALLS(GVM_VMM_COUNT);
 constexpr int kAllCallCount = static_cast<int>(Call::count_);
 #undef GVM_VMM_COUNT
 #undef GVM_VMM_ENUM
-
-// True for an entry point of TestDriver only.
-constexpr bool is_test_call(Call c) noexcept {
-  return static_cast<int>(c) >= kCallCount;
-}
 
 // "cuMemCreate" for Call::mem_create.
 const char* call_name(Call c) noexcept;

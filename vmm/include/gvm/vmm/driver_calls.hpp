@@ -2,11 +2,11 @@
 //   X(name, "cuName", (parameters), (arguments))
 // with its contract in the comment before it. From these tables come the
 // Driver and TestDriver interfaces, the Call enum and call_name()
-// (driver.hpp), the forwarding bases (forwarding_driver.hpp) and the
-// decorators (counting_driver.hpp, the tests' own). Adding an entry point is
-// one line here, then its implementation in CudaDriver and SimDriver; the
-// compiler finds every other place (a decorator or implementation that lacks
-// it stays abstract).
+// (driver.hpp), the forwarding base (forwarding_driver.hpp), SimDriver's
+// declarations and the decorators (counting_driver.hpp, the tests' own).
+// Adding an entry point is one line here, then its implementation in
+// CudaDriver and SimDriver; the build finds what is missing (CudaDriver stays
+// abstract, SimDriver's definition is unresolved).
 //
 // Types are those of types.hpp and result.hpp, named without their namespace:
 // expand the tables inside namespace gvm::vmm, or where a using-directive
