@@ -3,7 +3,9 @@
 //
 // Simplifications: a capture's graph is not kept (nothing can launch it);
 // streams joined into a capture through an event wait (a fork) leave it at
-// its end without the unjoined-work check the real driver makes; the calling
+// its end without the unjoined-work check the real driver makes, and a stream
+// of one capture waiting for an event of another is not refused (the real
+// driver's CUDA_ERROR_STREAM_CAPTURE_MERGE); the calling
 // thread's capture interaction mode is always global (cuThreadExchange-
 // StreamCaptureMode is not simulated).
 #include <string>
