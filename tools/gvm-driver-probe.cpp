@@ -161,9 +161,10 @@ double median_ns(TestDriver& d, int dev, StreamHandle a, StreamHandle b, F&& cal
 bool costs(TestDriver& d, int dev) {
   std::printf("## 1. Cost of one call through CudaDriver (ns; median of %d batches of %d)\n\n",
               kBatches, kPerBatch);
-  std::printf("Through CudaDriver, which adds a cuCtxGetCurrent per call (and a switch when "
-              "another context is current): what the allocator pays. (With --sim: the "
-              "simulator's own cost, meaningless for the GPU.)\n\n");
+  std::printf(
+      "Through CudaDriver, which adds a cuCtxGetCurrent per call (and a switch when "
+      "another context is current): what the allocator pays. (With --sim: the "
+      "simulator's own cost, meaningless for the GPU.)\n\n");
   std::printf("| call | ns | result |\n|---|---|---|\n");
   StreamHandle a = nullptr, b = nullptr;
   EventHandle e = nullptr;
@@ -207,8 +208,8 @@ struct Probe {
   TestDriver& d;
   int dev;
   std::size_t gran;
-  StreamHandle a = nullptr;   // captured
-  StreamHandle b = nullptr;   // not captured
+  StreamHandle a = nullptr;      // captured
+  StreamHandle b = nullptr;      // not captured
   EventHandle before = nullptr;  // recorded on b before the capture
   EventHandle inside = nullptr;  // recorded on a inside the capture (by the op)
   EventHandle join = nullptr;
@@ -245,21 +246,19 @@ std::vector<Op> ops() {
                [](Probe& p) {
                  if (!p.done) (void)p.d.address_free(p.va, p.gran);
                }});
-  v.push_back({"cuMemCreate", nothing,
-               [](Probe& p) {
-                 return p.d.mem_create(p.dev, p.gran, ShareableHandleType::none, &p.handle);
-               },
-               [](Probe& p) {
-                 if (p.done) (void)p.d.mem_release(p.handle);
-               }});
-  v.push_back({"cuMemRelease",
-               [](Probe& p) {
-                 (void)p.d.mem_create(p.dev, p.gran, ShareableHandleType::none, &p.handle);
-               },
-               [](Probe& p) { return p.d.mem_release(p.handle); },
-               [](Probe& p) {
-                 if (!p.done) (void)p.d.mem_release(p.handle);
-               }});
+  v.push_back(
+      {"cuMemCreate", nothing,
+       [](Probe& p) { return p.d.mem_create(p.dev, p.gran, ShareableHandleType::none, &p.handle); },
+       [](Probe& p) {
+         if (p.done) (void)p.d.mem_release(p.handle);
+       }});
+  v.push_back(
+      {"cuMemRelease",
+       [](Probe& p) { (void)p.d.mem_create(p.dev, p.gran, ShareableHandleType::none, &p.handle); },
+       [](Probe& p) { return p.d.mem_release(p.handle); },
+       [](Probe& p) {
+         if (!p.done) (void)p.d.mem_release(p.handle);
+       }});
   auto reserve_create = [](Probe& p) {
     (void)p.d.address_reserve(p.gran, 0, &p.va);
     (void)p.d.mem_create(p.dev, p.gran, ShareableHandleType::none, &p.handle);
@@ -352,8 +351,8 @@ std::vector<Op> ops() {
                [](Probe& p) { return p.d.stream_synchronize(p.dev, p.a); }, nothing});
   v.push_back({"cuStreamSynchronize (a stream not capturing)", nothing,
                [](Probe& p) { return p.d.stream_synchronize(p.dev, p.b); }, nothing});
-  v.push_back({"cuCtxSynchronize", nothing, [](Probe& p) { return p.d.ctx_synchronize(p.dev); },
-               nothing});
+  v.push_back(
+      {"cuCtxSynchronize", nothing, [](Probe& p) { return p.d.ctx_synchronize(p.dev); }, nothing});
   v.push_back({"cuStreamGetId (the capturing stream)", nothing,
                [](Probe& p) {
                  std::uint64_t id = 0;
@@ -447,12 +446,12 @@ bool capture_row(TestDriver& d, int dev, std::size_t gran, const Op& op, Capture
   step(std::string("cleanup: ") + op.call);
   op.cleanup(p);
   const Result health = d.ctx_synchronize(dev);
-  std::printf("| %s | %s | %s | %s | %s | %s |\n", op.call, gvm::vmm::capture_mode_name(mode),
-              capturer != nullptr ? "another thread" : "this thread",
-              begun == Result::success ? name(got).c_str() : ("begin: " + name(begun)).c_str(),
-              status_r == Result::success ? gvm::vmm::capture_status_name(after)
-                                          : name(status_r).c_str(),
-              name(ended).c_str());
+  std::printf(
+      "| %s | %s | %s | %s | %s | %s |\n", op.call, gvm::vmm::capture_mode_name(mode),
+      capturer != nullptr ? "another thread" : "this thread",
+      begun == Result::success ? name(got).c_str() : ("begin: " + name(begun)).c_str(),
+      status_r == Result::success ? gvm::vmm::capture_status_name(after) : name(status_r).c_str(),
+      name(ended).c_str());
   std::fflush(stdout);
   (void)d.event_destroy(p.before);
   (void)d.event_destroy(p.inside);
@@ -468,11 +467,13 @@ bool capture_row(TestDriver& d, int dev, std::size_t gran, const Op& op, Capture
 }
 
 bool captures(TestDriver& d, int dev, std::size_t gran) {
-  std::printf("## 2. Calls made while stream A captures (the rows of "
-              "vmm/src/sim_capture_rules.hpp)\n\n");
-  std::printf("Each row: a fresh capture of stream A in <mode>, begun (and ended) on <capture "
-              "on>; the call made on the main thread; A's status after it "
-              "(cuStreamGetCaptureInfo); what cuStreamEndCapture answered.\n\n");
+  std::printf(
+      "## 2. Calls made while stream A captures (the rows of "
+      "vmm/src/sim_capture_rules.hpp)\n\n");
+  std::printf(
+      "Each row: a fresh capture of stream A in <mode>, begun (and ended) on <capture "
+      "on>; the call made on the main thread; A's status after it "
+      "(cuStreamGetCaptureInfo); what cuStreamEndCapture answered.\n\n");
   std::printf("| call | mode | capture on | result | status after | end |\n");
   std::printf("|---|---|---|---|---|---|\n");
   {
@@ -498,9 +499,10 @@ bool captures(TestDriver& d, int dev, std::size_t gran) {
     Result begun = d.stream_begin_capture(dev, a, CaptureMode::global);
     Result wrong = other.run([&] { return d.stream_end_capture(dev, a); });
     Result right = d.stream_end_capture(dev, a);
-    std::printf("| cuStreamEndCapture from another thread (global) | global | this thread | "
-                "begin %s, end there %s | | end here %s |\n",
-                name(begun).c_str(), name(wrong).c_str(), name(right).c_str());
+    std::printf(
+        "| cuStreamEndCapture from another thread (global) | global | this thread | "
+        "begin %s, end there %s | | end here %s |\n",
+        name(begun).c_str(), name(wrong).c_str(), name(right).c_str());
     (void)d.stream_destroy(dev, a);
   }
   std::printf("\n");

@@ -31,7 +31,9 @@ class RecordingBase : public vmm::Driver {
   const char* name() const noexcept override { return "recording"; }
 
 #define GVM_RECORD(name, cu_name, params, args) \
-  Result name params override { return hit(Call::name, first_of args); }
+  Result name params override {                 \
+    return hit(Call::name, first_of args);      \
+  }
   GVM_VMM_DRIVER_CALLS(GVM_RECORD)
 #undef GVM_RECORD
 

@@ -155,9 +155,8 @@ TEST(SimStreamHandles, UsingADestroyedHandleKillsTheContextAndIsReported) {
          EXPECT_EQ(d.event_create(0, &e), Result::success);
          return d.stream_wait_event(0, s, e);
        }},
-      {"cuStreamSynchronize", [](SimDriver& d, vmm::StreamHandle s) {
-         return d.stream_synchronize(0, s);
-       }},
+      {"cuStreamSynchronize",
+       [](SimDriver& d, vmm::StreamHandle s) { return d.stream_synchronize(0, s); }},
       {"cuStreamDestroy", [](SimDriver& d, vmm::StreamHandle s) { return d.stream_destroy(0, s); }},
       {"cuStreamGetId",
        [](SimDriver& d, vmm::StreamHandle s) {

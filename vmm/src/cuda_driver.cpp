@@ -1,7 +1,6 @@
 // CudaDriver: the Driver interface over the real CUDA driver, loaded with
 // dlopen + cuGetProcAddress. The only file in gvmalloc that includes <cuda.h>.
 #include "gvm/vmm/cuda_driver.hpp"
-#include "gvm/vmm/test_driver.hpp"
 
 #include <cuda.h>
 #include <dlfcn.h>
@@ -15,6 +14,8 @@
 #include <string_view>
 #include <type_traits>
 #include <vector>
+
+#include "gvm/vmm/test_driver.hpp"
 
 namespace gvm::vmm {
 namespace {
@@ -438,8 +439,8 @@ class CudaDriver final : public TestDriver {
     return on_device(device, [&] {
       CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
       cuuint64_t id = 0;
-      CUresult r = api_.cuStreamGetCaptureInfo_(to_cu(stream), &st, &id, nullptr, nullptr,
-                                                nullptr, nullptr);
+      CUresult r =
+          api_.cuStreamGetCaptureInfo_(to_cu(stream), &st, &id, nullptr, nullptr, nullptr, nullptr);
       if (r == CUDA_SUCCESS) {
         *status = static_cast<CaptureStatus>(st);
         if (capture_id != nullptr && st == CU_STREAM_CAPTURE_STATUS_ACTIVE) *capture_id = id;

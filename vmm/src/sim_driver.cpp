@@ -640,7 +640,9 @@ Result SimDriver::mem_set_access(DevicePtr addr, std::size_t size, const AccessD
       const Access before = m->second.access[static_cast<std::size_t>(d.device)];
       if (d.device == owner || before == d.access) continue;
       (before == Access::none ? grants : revokes) = true;
-      auto cc = [&](int dev) { return s_->devices[static_cast<std::size_t>(dev)].profile.cc_major; };
+      auto cc = [&](int dev) {
+        return s_->devices[static_cast<std::size_t>(dev)].profile.cc_major;
+      };
       const bool emulated =
           sim::emulates_peer_access(cc(d.device)) || sim::emulates_peer_access(cc(owner));
       if (emulated &&

@@ -405,9 +405,8 @@ Result SimDriver::memcpy_htod(int device, DevicePtr dst, const void* src, std::s
   if (!s_->valid_device(device)) return Result::invalid_device;
   if (bytes == 0) return Result::success;
   std::vector<sim::Segment> to;
-  if (src == nullptr ||
-      s_->resolve(dst, bytes, device, AccessKind::write, State::Staging::any, &to) !=
-          State::Reach::ok) {
+  if (src == nullptr || s_->resolve(dst, bytes, device, AccessKind::write, State::Staging::any,
+                                    &to) != State::Reach::ok) {
     return Result::invalid_value;
   }
   GVM_SIM_CAPTURE(memcpy_htod, {device, nullptr, nullptr});
@@ -424,9 +423,8 @@ Result SimDriver::memcpy_dtoh(int device, void* dst, DevicePtr src, std::size_t 
   if (!s_->valid_device(device)) return Result::invalid_device;
   if (bytes == 0) return Result::success;
   std::vector<sim::Segment> from;
-  if (dst == nullptr ||
-      s_->resolve(src, bytes, device, AccessKind::read, State::Staging::any, &from) !=
-          State::Reach::ok) {
+  if (dst == nullptr || s_->resolve(src, bytes, device, AccessKind::read, State::Staging::any,
+                                    &from) != State::Reach::ok) {
     return Result::invalid_value;
   }
   GVM_SIM_CAPTURE(memcpy_dtoh, {device, nullptr, nullptr});

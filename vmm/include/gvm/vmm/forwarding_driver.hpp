@@ -35,10 +35,10 @@ class ForwardingDriver : public Driver {
   Driver& inner() const noexcept { return inner_; }
   const char* name() const noexcept override { return inner_.name(); }
 
-#define GVM_VMM_FORWARD(name, cu_name, params, args)                 \
-  Result name params override {                                      \
-    auto call = [&] { return inner_.name args; };                    \
-    return intercept(Call::name, ForwardedCall(call));               \
+#define GVM_VMM_FORWARD(name, cu_name, params, args)   \
+  Result name params override {                        \
+    auto call = [&] { return inner_.name args; };      \
+    return intercept(Call::name, ForwardedCall(call)); \
   }
   GVM_VMM_DRIVER_CALLS(GVM_VMM_FORWARD)
 #undef GVM_VMM_FORWARD
