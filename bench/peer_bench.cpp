@@ -1,5 +1,5 @@
 // gvm-bench-peer: peer access through gvmalloc against the global toggle, on
-// devices 0 and 1, side by side in one binary (STYLE.md item 12).
+// devices 0 and 1, side by side in one binary, so every comparison is one run (docs/benchmarks.md).
 //
 //   BM_peer_copy_scratch/<bytes>  (a) device 1 pulls from device 0's scratch
 //                                 (Allocator::peer_copy, direct, per-allocation
@@ -546,7 +546,7 @@ void BM_global_toggle(benchmark::State& state) {
     try {
       for (auto _ : state) {
         // Each toggle behind both devices synchronised: the only safe way
-        // (MEASUREMENTS.md), and what the allocator's switch does too.
+        // (docs/measurements.md), and what the allocator's switch does too.
         const auto t0 = Clock::now();
         global_on(d);
         const double on = seconds_since(t0);

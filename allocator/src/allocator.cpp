@@ -157,9 +157,11 @@ Allocator::~Allocator() = default;
 void* Allocator::allocate(std::size_t bytes, int device, vmm::StreamHandle stream) {
   Impl& im = *impl_;
   im.check_device(device, "allocate");
-  check_size(bytes, device, "allocate");
+  // One compare for both: 0 wraps around to the largest size.
+  if (bytes - 1 >= detail::kAbsurdBytes) [[unlikely]]
+    check_size(bytes, device, "allocate");
   const vmm::DeviceCaps& caps = im.caps_[static_cast<std::size_t>(device)];
-  if (bytes > caps.total_memory)
+  if (bytes > caps.total_memory) [[unlikely]]
     throw out_of_memory("gvmalloc: out of memory on device " + std::to_string(device) + " (" +
                         caps.name + "): tried to allocate " + detail::format_bytes(bytes) +
                         ", more than the device's " + detail::format_bytes(caps.total_memory));
@@ -168,16 +170,13 @@ void* Allocator::allocate(std::size_t bytes, int device, vmm::StreamHandle strea
     if (bytes <= h.small_max()) return h.allocate_small(bytes);
     return h.allocate_large(bytes, *h.stream());
   };
-  detail::DeviceHeap& d = im.device(device);
-  const std::uint64_t reclaimed = d.oom_reclaimed_spans();
   try {
     return once();
-  } catch (const out_of_memory&) {
+  } catch (const detail::OomAfterReclaim&) {
     // The out-of-memory path gave back unused spans of the device: their
     // granules are mapped free memory this heap may now borrow or steal,
-    // which the failed attempt looked for before they were there. Once more
-    // then; otherwise the refusal is final.
-    if (d.oom_reclaimed_spans() == reclaimed) throw;
+    // which the failed attempt looked for before they were there. Once more;
+    // otherwise the refusal is final.
     return once();
   }
 }

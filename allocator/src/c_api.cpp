@@ -126,10 +126,16 @@ bool device_ok(const Instance& inst, int device, const char* fn) noexcept {
   return false;
 }
 
-// GVM_CONF, then `conf` over it. Throws config_error.
+// GVM_CONF, then `conf` over it. Throws config_error naming which of the two
+// is wrong ("GVM_CONF: ..." or "conf: ...").
 Config make_config(const char* conf) {
   Config c = config_from_env();
-  return conf == nullptr ? c : parse_config(conf, c);
+  if (conf == nullptr) return c;
+  try {
+    return parse_config(conf, c);
+  } catch (const config_error& e) {
+    throw config_error(std::string("conf: ") + e.what());
+  }
 }
 
 // Builds the allocator over `driver` and publishes it. Caller holds g_lifecycle.

@@ -146,7 +146,7 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
   // Out of memory: fence, return every cached chunk of the device (empty
   // spans first), try once more.
   oom_retries_.fetch_add(1, std::memory_order_relaxed);
-  reclaim_for_oom();
+  const bool reclaimed = reclaim_for_oom() != 0;
   (void)release_cached(0, true, true);
   transit(static_cast<std::int64_t>(need));
   if (!budget_.charge(need, cap)) {
@@ -158,7 +158,7 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
   } catch (const vmm::DriverError& e) {
     budget_.credit(need);
     transit(-static_cast<std::int64_t>(need));
-    if (e.result() == vmm::Result::out_of_memory) throw_oom(requested, "the device");
+    if (e.result() == vmm::Result::out_of_memory) throw_oom(requested, "the device", reclaimed);
     throw;
   }
 }
@@ -198,11 +198,12 @@ vmm::DevicePtr DeviceHeap::segment_for(Heap& h, std::size_t* bytes, std::size_t 
     transit(-static_cast<std::int64_t>(need));
   };
   vmm::DevicePtr p = 0;
+  bool reclaimed = false;
   vmm::Result r = backing_->allocate_segment(bytes, alignment, &p);
   if (r == vmm::Result::out_of_memory) {
     oom_retries_.fetch_add(1, std::memory_order_relaxed);
     uncharge();
-    reclaim_for_oom();
+    reclaimed = reclaim_for_oom() != 0;
     (void)release_cached(0, true, true);
     transit(static_cast<std::int64_t>(need));
     if (!budget_.charge(need, cap)) {
@@ -214,7 +215,7 @@ vmm::DevicePtr DeviceHeap::segment_for(Heap& h, std::size_t* bytes, std::size_t 
   }
   if (r != vmm::Result::success) {
     uncharge();
-    if (r == vmm::Result::out_of_memory) throw_oom(requested, "the device");
+    if (r == vmm::Result::out_of_memory) throw_oom(requested, "the device", reclaimed);
     throw vmm::DriverError(r, "cuMemAlloc(device " + std::to_string(device()) + ", " +
                                   std::to_string(need) + " bytes)");
   }
@@ -315,10 +316,10 @@ void DeviceHeap::maybe_release_above_threshold() noexcept {
   }
 }
 
-void DeviceHeap::reclaim_for_oom() {
+std::size_t DeviceHeap::reclaim_for_oom() {
   std::size_t n = 0;
   for (Heap* x : heaps()) n += x->reclaim_spans();
-  oom_reclaimed_spans_.fetch_add(n, std::memory_order_acq_rel);
+  return n;
 }
 
 void DeviceHeap::trim() {
@@ -351,7 +352,7 @@ void DeviceHeap::reset_peaks() noexcept {
   budget_.reset_peak();
 }
 
-void DeviceHeap::throw_oom(std::size_t bytes, const char* why) const {
+void DeviceHeap::throw_oom(std::size_t bytes, const char* why, bool reclaimed) const {
   std::size_t free_bytes = 0, total_bytes = 0;
   const bool have_info = driver_.mem_get_info(device(), &free_bytes, &total_bytes) == vmm::Result::success;
   const auto live = static_cast<std::size_t>(std::max<std::int64_t>(0, live_total()));
@@ -364,6 +365,7 @@ void DeviceHeap::throw_oom(std::size_t bytes, const char* why) const {
   if (const std::size_t cap = policy_.cap(); cap != 0) msg += ", reserved-bytes cap " + format_bytes(cap);
   if (have_info)
     msg += "; the device has " + format_bytes(free_bytes) + " free of " + format_bytes(total_bytes);
+  if (reclaimed) throw OomAfterReclaim(msg);
   throw out_of_memory(msg);
 }
 

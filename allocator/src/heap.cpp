@@ -40,14 +40,10 @@ Heap::~Heap() = default;
 
 int Heap::device() const noexcept { return device_.device(); }
 
-void Heap::add_live(std::int64_t n) noexcept {
-  const std::int64_t live = live_.load(std::memory_order_relaxed) + n;
-  live_.store(live, std::memory_order_relaxed);
-  if (n > 0 && live > peak_watermark_.load(std::memory_order_relaxed)) [[unlikely]] {
-    // Only this heap's own watermark moves: writing every heap's would
-    // bounce their cache lines between threads on each refresh.
-    peak_watermark_.store(live + device_.refresh_peak(), std::memory_order_relaxed);
-  }
+void Heap::refresh_watermark(std::int64_t live) noexcept {
+  // Only this heap's own watermark moves: writing every heap's would bounce
+  // their cache lines between threads on each refresh.
+  peak_watermark_.store(live + device_.refresh_peak(), std::memory_order_relaxed);
 }
 
 // Tokens for the work a block's users have queued so far: the allocation
@@ -281,8 +277,8 @@ bool Heap::deallocate_large(std::uintptr_t addr, std::size_t bytes, vmm::StreamH
 
 void Heap::record_slot(Span* s, std::uintptr_t addr, StreamState& user) {
   std::lock_guard<SpinLock> guard(lock_);
-  const std::uintptr_t off = addr - s->base;
-  if (off % s->slot_size != 0 || !s->is_allocated(static_cast<std::uint32_t>(off / s->slot_size)))
+  const std::uint32_t idx = s->slot_at(addr - s->base);
+  if (idx == s->slots || !s->is_allocated(idx))
     throw usage_error("gvmalloc: record_stream(" + hex(addr) + "): not a live block");
   if (&user != stream()) small_.recorded()[addr].add(Token{&user, 0});
 }
@@ -523,9 +519,8 @@ void Heap::free_slot(Span* s, std::uintptr_t addr, std::size_t bytes, vmm::Strea
   bool drain = false;
   {
     std::lock_guard<SpinLock> guard(lock_);
-    const std::uintptr_t off = addr - s->base;
-    idx = static_cast<std::uint32_t>(off / s->slot_size);
-    if (off % s->slot_size != 0 || !s->is_allocated(idx))
+    idx = s->slot_at(addr - s->base);
+    if (idx == s->slots || !s->is_allocated(idx))
       throw usage_error("gvmalloc: deallocate(" + hex(addr) + ") on device " +
                         std::to_string(device()) +
                         ": not a live block (already freed, never allocated, or an interior pointer)");
@@ -599,6 +594,7 @@ std::size_t Heap::reclaim_spans() {
 // --------------------------------------------------------------- release --
 
 std::size_t Heap::release_cached(std::size_t want, bool all) {
+  std::lock_guard<std::mutex> chunks(chunks_mu_);
   std::vector<LargeArena::Release> picked;
   WaitSet waits;
   {

@@ -46,6 +46,7 @@ class Heap {
 
   Kind kind() const noexcept { return kind_; }
   int device() const noexcept;
+  DeviceHeap& device_heap() const noexcept { return device_; }
   std::uint64_t pool() const noexcept { return pool_; }
   StreamState* stream() const noexcept { return stream_.load(std::memory_order_acquire); }
   // A retired stream's heap given to a new stream (its old stream is
@@ -112,8 +113,10 @@ class Heap {
   // reads it under the shared one.
   const std::vector<vmm::AccessDesc>& access() const noexcept { return access_; }
   void set_access_list(std::vector<vmm::AccessDesc> a) { access_ = std::move(a); }
-  // The mapped chunks, for an access change.
+  // The mapped chunks, for an access change. Hold chunks_lock() across the
+  // change: no release drops a chunk meanwhile.
   std::vector<Run> chunk_ranges() const;
+  std::mutex& chunks_lock() noexcept { return chunks_mu_; }
   // Every stream that may touch this heap's memory now: live blocks' streams
   // and users, free blocks' waits (the fence before an access change).
   WaitSet touching() const;
@@ -141,7 +144,15 @@ class Heap {
   Span* borrow_span(int size_class, StreamState& own, std::uintptr_t* first);
   void drain_lent();
   void give_back_span(Span* s);  // lock_ held
-  void add_live(std::int64_t n) noexcept;
+  // Live bytes up or down (lock_ held); past the watermark the device's
+  // peak is refreshed (device_heap.hpp).
+  void add_live(std::int64_t n) noexcept {
+    const std::int64_t live = live_.load(std::memory_order_relaxed) + n;
+    live_.store(live, std::memory_order_relaxed);
+    if (live > peak_watermark_.load(std::memory_order_relaxed)) [[unlikely]]
+      refresh_watermark(live);
+  }
+  [[gnu::noinline]] void refresh_watermark(std::int64_t live) noexcept;
   WaitSet tokens_now(const Block* b, StreamState* also) const;
 
   DeviceHeap& device_;
@@ -154,6 +165,10 @@ class Heap {
 
   mutable SpinLock lock_;
   std::mutex growing_;
+  // Held by a release of this heap's chunks and by an access change of them
+  // (the peer scratch: a release for another heap's growth may come from any
+  // thread, with no policy lock).
+  std::mutex chunks_mu_;
   LargeArena arena_;
   SmallBlocks small_;
   // Lent granules whose spans went unused, to go home with lock_ released.

@@ -19,7 +19,7 @@ extern const vmm::Profile kSuiteProfile;
 
 namespace {
 
-// What SimTiny stands for (Scudo-style tiny configs, STYLE.md).
+// What SimTiny stands for (tiny configs, so that out-of-memory and eviction paths run in milliseconds).
 constexpr std::size_t kTinyBudget = 64 * kMiB;
 constexpr std::size_t kTinyChunk = 2 * kMiB;
 

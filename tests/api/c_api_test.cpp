@@ -209,7 +209,7 @@ TEST_F(CApi, BadInitArgumentsAreRefusedAndStartNothing) {
   EXPECT_EQ(gvm_init_simulated("h200", -3, nullptr), GVM_ERROR_INVALID_ARGUMENT);
   EXPECT_FAILED_WITH(GVM_ERROR_INVALID_ARGUMENT, "device_count -3");
   EXPECT_EQ(gvm_init_simulated("h200", 2, "chunk:2MiB"), GVM_ERROR_CONFIG);
-  EXPECT_FAILED_WITH(GVM_ERROR_CONFIG, "unknown key \"chunk\"");
+  EXPECT_FAILED_WITH(GVM_ERROR_CONFIG, "gvm_init_simulated: conf: unknown key \"chunk\"");
   EXPECT_EQ(gvm_init_simulated("h200", 2, "max_chunk_size:3MiB"), GVM_ERROR_CONFIG);
   EXPECT_FAILED_WITH(GVM_ERROR_CONFIG, "for max_chunk_size");
   // A bad config is reported before the driver is looked for, GPU or not.
@@ -218,7 +218,8 @@ TEST_F(CApi, BadInitArgumentsAreRefusedAndStartNothing) {
   {
     ScopedConfEnv bad("fence:maybe");
     EXPECT_EQ(gvm_init_simulated("h200", 2, nullptr), GVM_ERROR_CONFIG);
-    EXPECT_FAILED_WITH(GVM_ERROR_CONFIG, "\"maybe\" for fence");
+    EXPECT_FAILED_WITH(GVM_ERROR_CONFIG,
+                       "gvm_init_simulated: GVM_CONF: bad value \"maybe\" for fence");
     // `conf` is parsed over GVM_CONF, so a bad GVM_CONF fails even with a good conf.
     EXPECT_EQ(gvm_init_simulated("h200", 2, "fence:true"), GVM_ERROR_CONFIG);
     EXPECT_FAILED_WITH(GVM_ERROR_CONFIG, "\"maybe\" for fence");

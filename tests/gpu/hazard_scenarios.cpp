@@ -19,7 +19,7 @@ namespace {
 constexpr std::uint32_t kPattern = 0x5a17c0deu;
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-// Sizes from MEASUREMENTS.md: a peer copy runs at ~396 GB/s on H200 NVLink,
+// Sizes from docs/measurements.md ("Bandwidth"): a peer copy runs at ~396 GB/s on H200 NVLink,
 // so 20 x 256 MiB keep the copy engine busy ~13 ms, thousands of times longer
 // than the few microseconds between queueing them and the disable.
 constexpr std::size_t kCopyBytes = 256 * kMiB;
@@ -194,7 +194,7 @@ HazardReport revoke_scenario(TestDriver& d, bool fenced) {
 
   if (fenced) rep.fence = fence_both(d);
   // A revoke names the peer: setting access for the owner alone would not
-  // take the peer's access away (MEASUREMENTS.md).
+  // take the peer's access away (docs/measurements.md, "Hazards").
   const AccessDesc revoke[] = {{1, vmm::Access::none}};
   rep.change = d.mem_set_access(base, size, revoke, 1);
   rep.sync = d.stream_synchronize(1, stream);

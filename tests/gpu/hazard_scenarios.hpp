@@ -1,4 +1,4 @@
-// The hazards of MEASUREMENTS.md ("Hazards"), reproduced on the real driver.
+// The hazards of docs/measurements.md ("Hazards"), reproduced on the real driver.
 //
 // Each scenario queues work on device 1 (or device 0 for the copy) that
 // touches memory of the other device through a peer path, then changes that

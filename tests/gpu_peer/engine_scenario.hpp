@@ -1,5 +1,5 @@
 // The engine scenario: what a multi-GPU inference engine does to peer access
-// (DESIGN.md, "Why"), on devices 0 and 1, through gvm::Allocator.
+// (docs/peer-access.md, "The problem"), on devices 0 and 1, through gvm::Allocator.
 //
 // Each iteration is two phases:
 //   small batch  set_peer_policy(small_policy) (a grant, or for `global` the

@@ -60,7 +60,7 @@ struct PeerHazardReport {
   bool sticky() const noexcept;         // change, sync or later hit a sticky error
 };
 
-// Sizes. The defaults are for H200s over NVLink (MEASUREMENTS.md: a peer
+// Sizes. The defaults are for H200s over NVLink (docs/measurements.md, "Bandwidth": a peer
 // copy runs at ~395 GB/s, so 20 x 256 MiB keep the link busy ~13 ms,
 // thousands of times longer than the host needs to reach the change); the
 // simulator's tests use smaller ones.

@@ -56,7 +56,8 @@ TEST(SimProfiles, DriverReportsItsProfile) {
     ASSERT_EQ(sim->device_attribute(0, vmm::DeviceAttribute::multiprocessor_count, &sms),
               Result::success);
     EXPECT_EQ(sms, want.multiprocessor_count);
-    // DESIGN.md: compression from Ampere on; fabric handles from Hopper on.
+    // The profiles (vmm/src/sim_profiles.cpp): compression from Ampere on; fabric
+    // handles from Hopper on.
     EXPECT_EQ(want.compression, want.cc_major >= 8);
     EXPECT_EQ(want.fabric_handles, want.cc_major >= 9);
   }

@@ -1,6 +1,6 @@
 // The hazard model: each rule that kills the context, next to its fenced
 // counterpart that must not; completion; races between streams; and
-// HazardModel, the two failures measured on real H200s (docs/measurements.md).
+// HazardModel, the two failures measured on real H200s (docs/measurements.md, "Hazards").
 #include <string>
 #include <vector>
 
