@@ -15,7 +15,7 @@
 //
 // The allocators come from the backend layer (bench/backend.hpp). Every one
 // allocates on device 0 on one non-default stream made once
-// (cudaStreamNonBlocking for the runtime, Driver::stream_create for gvmalloc),
+// (cudaStreamNonBlocking for the runtime, TestDriver::stream_create for gvmalloc),
 // so stream-ordered semantics match. One that cannot run here (no GPU, no
 // torch) is not registered; one line per reason on stderr says which and why.
 //

@@ -35,6 +35,7 @@
 #include "gvm/config.hpp"
 #include "gvm/errors.hpp"
 #include "gvm/vmm/cuda_driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 #include "gvm/vmm/sim_driver.hpp"
 
 namespace {
@@ -47,7 +48,7 @@ constexpr std::size_t kGiB = std::size_t{1} << 30;
 constexpr std::size_t kBlockBytes = 256 * kMiB;
 
 struct DriverEnv {
-  std::unique_ptr<gvm::vmm::Driver> driver;
+  std::unique_ptr<gvm::vmm::TestDriver> driver;
   std::string why_not;
 };
 
@@ -55,7 +56,7 @@ DriverEnv& cuda_env() {
   static DriverEnv env = [] {
     DriverEnv e;
     std::string why;
-    e.driver = gvm::vmm::try_load_cuda_driver(&why);
+    e.driver = gvm::vmm::try_load_cuda_test_driver(&why);
     if (!e.driver) e.why_not = why.rfind("no CUDA driver", 0) == 0 ? why : "no CUDA driver: " + why;
     return e;
   }();

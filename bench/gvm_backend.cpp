@@ -1,6 +1,6 @@
 // gvmalloc as a benchmark backend: gvm::Allocator on the real driver
 // (gvm_cuda) or on a simulated H200 (gvm_sim_h200, the front end and the
-// simulator's bookkeeping, no GPU). Streams come from Driver::stream_create.
+// simulator's bookkeeping, no GPU). Streams come from TestDriver::stream_create.
 #include <memory>
 #include <mutex>
 #include <string>
@@ -12,6 +12,7 @@
 #include "gvm/config.hpp"
 #include "gvm/vmm/cuda_driver.hpp"
 #include "gvm/vmm/sim_driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 
 namespace gvm::bench {
 namespace {
@@ -40,7 +41,7 @@ class GvmBackend final : public Backend {
 
 class GvmHost final : public BackendHost {
  public:
-  GvmHost(BackendKind kind, std::unique_ptr<vmm::Driver> driver)
+  GvmHost(BackendKind kind, std::unique_ptr<vmm::TestDriver> driver)
       : kind_(kind), driver_(std::move(driver)) {}
   GvmHost(const GvmHost&) = delete;
   GvmHost& operator=(const GvmHost&) = delete;
@@ -71,13 +72,13 @@ class GvmHost final : public BackendHost {
 
  private:
   BackendKind kind_;
-  std::unique_ptr<vmm::Driver> driver_;
+  std::unique_ptr<vmm::TestDriver> driver_;
   std::mutex mutex_;
   std::vector<StreamHandle> streams_;
 };
 
 struct LoadedDriver {
-  std::unique_ptr<vmm::Driver> driver;
+  std::unique_ptr<vmm::TestDriver> driver;
   std::string problem;
 };
 
@@ -86,7 +87,7 @@ LoadedDriver& loaded_driver() {
   static LoadedDriver d = [] {
     LoadedDriver r;
     std::string why;
-    r.driver = vmm::try_load_cuda_driver(&why);
+    r.driver = vmm::try_load_cuda_test_driver(&why);
     if (!r.driver) {
       r.problem = why;
       return r;

@@ -9,7 +9,7 @@
 //       over wall time (UseRealTime).
 //
 //   gvm_cuda          one gvm::Allocator on the CUDA driver; per-thread streams
-//                     from Driver::stream_create
+//                     from TestDriver::stream_create
 //   cudaMallocAsync   the device's default pool (release threshold UINT64_MAX),
 //                     per-thread cudaStreamNonBlocking streams
 //   torch             PyTorch's CUDACachingAllocator (torch_expandable when

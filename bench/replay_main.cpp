@@ -20,6 +20,7 @@
 #include "gvm/config.hpp"
 #include "gvm/errors.hpp"
 #include "gvm/vmm/cuda_driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 #include "gvm/vmm/sim_driver.hpp"
 #include "replay_cli.hpp"
 #include "replay.hpp"
@@ -84,7 +85,7 @@ Args parse_args(int argc, char** argv) {
 }
 
 struct DriverChoice {
-  std::unique_ptr<gvm::vmm::Driver> driver;
+  std::unique_ptr<gvm::vmm::TestDriver> driver;
   std::string description;  // "cuda" or "sim (simulated NVIDIA H200 x 1)"
 };
 
@@ -94,7 +95,7 @@ DriverChoice choose_driver(const Args& a) {
   if (a.driver == "cuda" && a.profile) throw ArgError("--profile applies to --driver sim only");
   if (a.driver != "sim") {
     std::string why;
-    c.driver = try_load_cuda_driver(&why);
+    c.driver = try_load_cuda_test_driver(&why);
     if (c.driver) {
       int count = 0;
       check(c.driver->device_count(&count), "cuDeviceGetCount");
@@ -162,7 +163,7 @@ int run(const Args& a) {
 
   const Trace trace = gvm::bench::read_trace(trace_path);
   DriverChoice choice = choose_driver(a);
-  gvm::vmm::Driver& driver = *choice.driver;
+  gvm::vmm::TestDriver& driver = *choice.driver;
   constexpr int kDevice = 0;
 
   // Timed passes: nothing sampled inside the loop.

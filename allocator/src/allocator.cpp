@@ -412,7 +412,9 @@ DeviceStats Allocator::device_stats(int device) const {
 Stats Allocator::stats() const {
   Stats s;
   for (int d = 0; d < device_count(); ++d) s.devices.push_back(device_stats(d));
-  s.driver = impl_->driver_.snapshot();
+  const vmm::CallCounts counts = impl_->driver_.snapshot();
+  s.driver.calls = counts.calls;
+  s.driver.nanoseconds = counts.nanoseconds;
   return s;
 }
 

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "access_tracker.hpp"
-#include "counting_driver.hpp"
 #include "device_heap.hpp"
 #include "gvm/allocator.hpp"
+#include "gvm/vmm/counting_driver.hpp"
 #include "peer_access.hpp"
 #include "stream_registry.hpp"
 
@@ -91,7 +91,7 @@ class Allocator::Impl {
   detail::Heap& pool_heap(PoolId pool, const char* what, int* device = nullptr);
   bool any_capture() const;
 
-  detail::CountingDriver driver_;
+  vmm::CountingDriver driver_;
   Config config_;
   std::vector<vmm::DeviceCaps> caps_;
   std::vector<std::unique_ptr<detail::StreamRegistry>> registries_;

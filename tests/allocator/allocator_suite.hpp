@@ -6,7 +6,7 @@
 //
 //   INSTANTIATE_TEST_SUITE_P(Cuda, AllocatorSuite,
 //       ::testing::Values(gvm::test::AllocatorTarget{"cuda",
-//           [](std::string* why) { return gvm::vmm::try_load_cuda_driver(why); },
+//           [](std::string* why) { return gvm::vmm::try_load_cuda_test_driver(why); },
 //           gvm::Config{}, std::size_t{2} << 30}),
 //       gvm::test::target_name);
 //
@@ -56,7 +56,7 @@ inline constexpr std::size_t kMiB = std::size_t{1} << 20;
 struct AllocatorTarget {
   std::string name;  // the test-name suffix: letters, digits and '_' only
   // A driver, or nullptr with *why saying why there is none.
-  std::function<std::unique_ptr<vmm::Driver>(std::string* why)> make;
+  std::function<std::unique_ptr<vmm::TestDriver>(std::string* why)> make;
   Config config;
   // The most bytes the suite maps per device. Where the device has more free
   // memory than this, the tests that run out of memory cap the allocator
@@ -144,7 +144,7 @@ class AllocatorSuite : public ::testing::TestWithParam<AllocatorTarget> {
   }
 
   const AllocatorTarget& target() const { return GetParam(); }
-  vmm::Driver& driver() { return *driver_; }
+  vmm::TestDriver& driver() { return *driver_; }
   vmm::SimDriver* sim() { return sim_; }
   int devices() const { return devices_; }
   std::size_t budget() const { return target().budget; }
@@ -243,7 +243,7 @@ class AllocatorSuite : public ::testing::TestWithParam<AllocatorTarget> {
   }
   void give(const Held& h) { alloc().deallocate(h.p, h.bytes, h.device, h.stream); }
 
-  std::unique_ptr<vmm::Driver> driver_;
+  std::unique_ptr<vmm::TestDriver> driver_;
   vmm::SimDriver* sim_ = nullptr;
   int devices_ = 0;
   std::size_t device_free_ = 0;

@@ -10,7 +10,7 @@ namespace gvm::test {
 
 using vmm::AccessDesc;
 using vmm::DevicePtr;
-using vmm::Driver;
+using vmm::TestDriver;
 using vmm::Result;
 using vmm::StreamHandle;
 
@@ -40,31 +40,31 @@ struct Setup {
   }
 };
 
-bool enable_peer(Driver& d, int device, int peer, Setup& s, const char* what) {
+bool enable_peer(TestDriver& d, int device, int peer, Setup& s, const char* what) {
   Result r = d.enable_peer_access(device, peer);
   if (r == Result::peer_access_already_enabled) r = Result::success;
   return s.step(r, what);
 }
 
-Result fence_both(Driver& d) {
+Result fence_both(TestDriver& d) {
   Result a = d.ctx_synchronize(0);
   Result b = d.ctx_synchronize(1);
   return a != Result::success ? a : b;
 }
 
-Result later_call(Driver& d, int device) {
+Result later_call(TestDriver& d, int device) {
   DevicePtr p = 0;
   Result r = d.mem_alloc(device, 2 * kMiB, &p);
   if (r == Result::success) (void)d.mem_free(device, p);
   return r;
 }
 
-bool pending(Driver& d, vmm::EventHandle e) {
+bool pending(TestDriver& d, vmm::EventHandle e) {
   return d.event_query(e) == Result::not_ready;
 }
 
 // --- peer_disable_during_copy -------------------------------------------
-HazardReport copy_scenario(Driver& d, bool fenced) {
+HazardReport copy_scenario(TestDriver& d, bool fenced) {
   HazardReport rep;
   Setup s{rep};
   rep.busy_device = 0;
@@ -110,7 +110,7 @@ HazardReport copy_scenario(Driver& d, bool fenced) {
 }
 
 // --- peer_disable_during_kernel -----------------------------------------
-HazardReport kernel_scenario(Driver& d, bool fenced) {
+HazardReport kernel_scenario(TestDriver& d, bool fenced) {
   HazardReport rep;
   Setup s{rep};
   rep.busy_device = 1;
@@ -154,7 +154,7 @@ HazardReport kernel_scenario(Driver& d, bool fenced) {
 }
 
 // --- revoke_during_read --------------------------------------------------
-HazardReport revoke_scenario(Driver& d, bool fenced) {
+HazardReport revoke_scenario(TestDriver& d, bool fenced) {
   HazardReport rep;
   Setup s{rep};
   rep.busy_device = 1;
@@ -238,7 +238,7 @@ bool parse_hazard(const std::string& name, Hazard* h) noexcept {
   return false;
 }
 
-HazardReport run_hazard(Driver& driver, Hazard hazard, bool fenced) {
+HazardReport run_hazard(TestDriver& driver, Hazard hazard, bool fenced) {
   int count = 0;
   if (Result r = driver.device_count(&count); r != Result::success || count < 2) {
     HazardReport rep;

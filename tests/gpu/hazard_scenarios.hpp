@@ -15,7 +15,7 @@
 #include <ostream>
 #include <string>
 
-#include "gvm/vmm/driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 
 namespace gvm::test {
 
@@ -52,7 +52,7 @@ struct HazardReport {
 
 // Runs one scenario on devices 0 and 1 of `driver`. Unfenced, it leaves the
 // busy device's context broken (and leaks what it made): exit the process.
-HazardReport run_hazard(vmm::Driver& driver, Hazard hazard, bool fenced);
+HazardReport run_hazard(vmm::TestDriver& driver, Hazard hazard, bool fenced);
 
 // The report as "key=value" lines (error names, not numbers), for the child's
 // output and the test log.

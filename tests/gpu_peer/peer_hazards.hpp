@@ -15,7 +15,7 @@
 #include <string>
 
 #include "device_kernels.hpp"
-#include "gvm/vmm/driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 
 namespace gvm::test {
 
@@ -76,7 +76,7 @@ struct PeerHazardOptions {
 
 // Runs one scenario on devices 0 and 1. Unfenced, it leaves device 1's
 // context broken and leaks what it made: the process must exit after it.
-PeerHazardReport run_peer_hazard(vmm::Driver& driver, DeviceKernels& kernels, PeerHazard hazard,
+PeerHazardReport run_peer_hazard(vmm::TestDriver& driver, DeviceKernels& kernels, PeerHazard hazard,
                                  bool fenced, const PeerHazardOptions& options = {});
 
 // "key=value" lines (error names, not numbers).

@@ -425,9 +425,12 @@ TEST_F(SimStreams, HandlesAreValidated) {
   EXPECT_EQ(sim().enqueue_access(1, s, 0, 16, AccessKind::read), Result::invalid_handle)
       << "work goes on a stream of its own device";
   EXPECT_EQ(sim().stream_create(2, &s), Result::invalid_device);
+  EXPECT_EQ(sim().stream_synchronize(0, reinterpret_cast<vmm::StreamHandle>(0x1234)),
+            Result::invalid_handle)
+      << "a handle never handed out";
   ASSERT_EQ(sim().stream_destroy(0, s), Result::success);
-  EXPECT_EQ(sim().stream_destroy(0, s), Result::invalid_handle);
-  EXPECT_EQ(sim().stream_synchronize(0, s), Result::invalid_handle);
+  // A destroyed handle used again is undefined in the real driver: the
+  // simulator kills the context (SimStreamHandles in sim_faithful_test.cpp).
   ASSERT_EQ(sim().event_destroy(e0), Result::success);
   EXPECT_EQ(sim().event_destroy(e0), Result::invalid_handle);
   EXPECT_EQ(sim().event_query(e0), Result::invalid_handle);

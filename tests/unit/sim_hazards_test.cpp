@@ -173,12 +173,19 @@ TEST_F(SimHazards, DisablePeerAccessWithOnlyLocalWorkPendingIsFine) {
       << "device 1 touches only its own memory";
 }
 
-TEST_F(SimHazards, FreeingClassicMemoryWaitsForTheOwnerButNotForPeers) {
+TEST_F(SimHazards, FreeingClassicMemoryWithQueuedWorkIsIllegalOnAnyDevice) {
   DevicePtr p = 0;
   ASSERT_EQ(sim().mem_alloc(0, 4096, &p), Result::success);
-  ASSERT_EQ(sim().enqueue_access(0, stream(0), p, 4096, AccessKind::write), Result::success);
-  EXPECT_EQ(sim().mem_free(0, p), Result::success) << "cuMemFree synchronizes the owner";
-  EXPECT_EQ(sim().pending_accesses(), 0u);
+  vmm::StreamHandle s0 = stream(0);
+  ASSERT_EQ(sim().enqueue_access(0, s0, p, 4096, AccessKind::write), Result::success);
+  ASSERT_EQ(sim().stream_synchronize(0, s0), Result::success);
+  EXPECT_EQ(sim().mem_free(0, p), Result::success) << "nothing queued on it any more";
+
+  ASSERT_EQ(sim().mem_alloc(0, 4096, &p), Result::success);
+  ASSERT_EQ(sim().enqueue_access(0, s0, p, 4096, AccessKind::write), Result::success);
+  EXPECT_EQ(sim().mem_free(0, p), Result::illegal_address)
+      << "cuMemFree is no implicit synchronization of the owner";
+  sim().clear_sticky();
 
   ASSERT_EQ(sim().mem_alloc(0, 4096, &p), Result::success);
   ASSERT_EQ(sim().enable_peer_access(1, 0), Result::success);
