@@ -36,19 +36,21 @@ using gvm::bench::TraceEvent;
 using gvm::bench::TraceOp;
 
 constexpr const char* kUsage =
-    "usage: gvm-excess [--profile NAME] [--conf \"key:value,...\"] TRACE...\n"
+    "usage: gvm-excess [--profile NAME] [--conf \"key:value,...\"] [--holes] TRACE...\n"
     "\n"
     "Replays each TRACE on a simulated GPU (default h200) and prints, as Markdown,\n"
     "where its reserved bytes are at the moment they first reach their peak:\n"
     "live bytes, rounding, small-block spans, free holes (by size and stream,\n"
     "inside chunks with live data or in wholly free chunks) and the growth that\n"
-    "set the peak. docs/design-notes.md explains the categories.\n";
+    "set the peak. docs/design-notes.md explains the categories.\n"
+    "  --holes  also list every block of the arena at the peak, in address order\n";
 
 struct Args {
   std::string profile = "h200";
   std::string conf;
   std::vector<std::string> traces;
   bool help = false;
+  bool list_holes = false;
 };
 
 Args parse_args(int argc, char** argv) {
@@ -67,6 +69,8 @@ Args parse_args(int argc, char** argv) {
       a.profile = value();
     } else if (flag == "--conf") {
       a.conf = value();
+    } else if (arg == "--holes") {
+      a.list_holes = true;
     } else if (arg.size() > 1 && arg[0] == '-') {
       throw ArgError("unknown option '" + arg + "'");
     } else {
@@ -140,10 +144,12 @@ struct Peaks {
   std::size_t live_event = 0;
   std::uint64_t live = 0;
   std::uint64_t chunks_mapped = 0, chunks_unmapped = 0, fences = 0;
+  std::string driver_calls;  // "cuMemCreate 12, cuMemMap 12, ..." over the replay
 };
 
 Peaks find_peaks(const Trace& trace, gvm::vmm::Profile profile, const gvm::Config& config) {
   Run run(trace, profile, config);
+  const gvm::DriverCallStats before = run.allocator->stats().driver;
   Peaks p;
   for (std::size_t i = 0; i < trace.events.size(); ++i) {
     run.step(trace, trace.events[i]);
@@ -161,6 +167,18 @@ Peaks find_peaks(const Trace& trace, gvm::vmm::Profile profile, const gvm::Confi
   p.chunks_mapped = st.chunks_mapped;
   p.chunks_unmapped = st.chunks_unmapped;
   p.fences = st.fences;
+  const gvm::DriverCallStats after = run.allocator->stats().driver;
+  std::uint64_t total = 0;
+  for (int c = 0; c < gvm::vmm::kCallCount; ++c) {
+    const std::uint64_t n = after.calls[static_cast<std::size_t>(c)] -
+                            before.calls[static_cast<std::size_t>(c)];
+    if (n == 0) continue;
+    total += n;
+    if (!p.driver_calls.empty()) p.driver_calls += ", ";
+    p.driver_calls += std::string(gvm::vmm::call_name(static_cast<gvm::vmm::Call>(c))) + " " +
+                      std::to_string(n);
+  }
+  p.driver_calls = std::to_string(total) + " driver calls (" + p.driver_calls + ")";
   return p;
 }
 
@@ -186,7 +204,7 @@ HoleStats hole_stats(const std::vector<gvm::SegmentInfo>& map) {
 }
 
 void report(std::ostream& o, const std::string& path, gvm::vmm::Profile profile,
-            const gvm::Config& config) {
+            const gvm::Config& config, bool list_holes) {
   const Trace trace = gvm::bench::read_trace(path);
   if (trace.events.empty()) throw std::runtime_error(path + ": the trace has no events");
   const Peaks peaks = find_peaks(trace, profile, config);
@@ -217,7 +235,8 @@ void report(std::ostream& o, const std::string& path, gvm::vmm::Profile profile,
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.4f", ratio);
   o << buf << ". Over the whole replay: " << peaks.chunks_mapped << " chunks mapped, "
-    << peaks.chunks_unmapped << " unmapped, " << peaks.fences << " fences.\n\n";
+    << peaks.chunks_unmapped << " unmapped, " << peaks.fences << " fences; " << peaks.driver_calls
+    << ".\n\n";
 
   const std::size_t e = x.excess();
   o << "| at the peak | MiB | share of the excess |\n|---|---|---|\n";
@@ -302,6 +321,20 @@ void report(std::ostream& o, const std::string& path, gvm::vmm::Profile profile,
       << mib(before.largest) << " MiB, all holes together " << mib(before.free_total) << " MiB.";
   }
   o << "\n\n";
+  if (list_holes && !map.empty()) {
+    // Every block of the arena in address order, offsets from its first segment.
+    const std::uintptr_t base = map.front().addr;
+    o << "| offset MiB | MiB | what |\n|---|---|---|\n";
+    for (const auto& seg : map) {
+      if (seg.scratch) continue;
+      o << "| " << mib(seg.addr - base) << " | " << mib(seg.size) << " | segment |\n";
+      for (const auto& b : seg.blocks)
+        o << "| " << mib(b.addr - base) << " | " << mib(b.size) << " | "
+          << (b.allocated ? (b.small ? "live small" : "live") : (b.small ? "free slots" : "hole"))
+          << " |\n";
+    }
+    o << "\n";
+  }
 }
 
 int run(const Args& a) {
@@ -320,7 +353,7 @@ int run(const Args& a) {
   std::ostringstream o;
   o << "Simulated " << gvm::vmm::profile(profile).name << ", conf " << gvm::to_string(config)
     << ".\n\n";
-  for (const std::string& t : a.traces) report(o, t, profile, config);
+  for (const std::string& t : a.traces) report(o, t, profile, config, a.list_holes);
   std::cout << o.str() << std::flush;
   return 0;
 }
