@@ -93,14 +93,19 @@ void DeviceHeap::ensure_mapped(Block* b) {
                               static_cast<double>(b->size);
     const double peak = std::max(live_after, static_cast<double>(peak_live_.load()));
     const auto bound = static_cast<std::size_t>(peak * (1.0 + config_.reserve_slack));
-    // Only for a growth of at least one chunk and 1/128 of what is reserved
-    // (kReleaseGrowthFraction): smaller growths of a fragmented steady state
-    // would release and re-map chunks over and over (measured: 38k chunk maps
-    // and 10k fences in 800k operations of two threads without the one-chunk
-    // floor).
-    if (reserved_ + need > bound && need * kReleaseGrowthFraction >= reserved_ &&
-        need >= config_.max_chunk_bytes)
+    // Only for a growth that would set a new peak of reserved bytes (below
+    // the peak, a growth changes nothing the workload has not already paid
+    // for, and releasing there is what turned a fragmented steady state into
+    // driver churn) and is at least 1/128 of what is reserved
+    // (kReleaseGrowthFraction). docs/design-notes.md, "Fragmentation", has
+    // the trace study behind both.
+    if (reserved_ + need > bound && reserved_ + need > peak_reserved_ &&
+        need * kReleaseGrowthFraction >= reserved_) {
+      // Empty small-block spans are cached memory too, but only
+      // allocate_large, which holds no cache lock, can take them back.
+      if (reclaim_spans_first_) throw ReclaimSpans{};
       release_cached(reserved_ + need - bound, false);
+    }
   }
   if (cap != 0 && reserved_ + need > cap) throw_oom(b->requested, "the reserved-bytes cap");
 

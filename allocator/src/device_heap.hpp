@@ -58,6 +58,9 @@ struct StreamCache {
   std::array<Span*, kMaxClasses> current{};  // span being handed out from
   std::array<Span*, kMaxClasses> partial{};  // spans with free slots (list heads)
   std::array<Span*, kMaxClasses> spare{};    // one unused span kept per class
+  // Allocations of each class served by the large heap while the class is
+  // cold (Config::span_warmup_allocations).
+  std::array<std::uint32_t, kMaxClasses> cold_allocations{};
   // Streams recorded on live slots (record_stream), by slot address; rare.
   std::unordered_map<std::uintptr_t, StreamTags> recorded;
   // Statistics of this cache, under its lock.
@@ -82,6 +85,9 @@ class DeviceHeap {
   // fragmented steady state (mixed workload: 555 chunk maps in 2M operations;
   // releasing on every growth: 1.023 but 9,280 maps - driver churn).
   static constexpr std::size_t kReleaseGrowthFraction = 128;
+  // Thrown by ensure_mapped on allocate_large's first attempt, when a growth
+  // would release chunks: the caches' empty spans go back first.
+  struct ReclaimSpans {};
   enum class Kind { arena, scratch };
 
   // `access`: who may touch chunks mapped here (the owner first; for the
@@ -176,6 +182,7 @@ class DeviceHeap {
   void order_after(const StreamTags& tags, vmm::StreamHandle stream);
   void note_stream(vmm::StreamHandle stream);
   bool unmapped(const Block* b) const;  // no granule of b is mapped
+  bool range_mapped(std::uintptr_t addr, std::size_t size) const;  // every granule is
   const Block* live_block_holding(std::uintptr_t addr, std::size_t bytes) const;
   void commit(Block* b);     // live counts up, map what is missing
   void uncommit(Block* b);   // live counts down
@@ -235,6 +242,9 @@ class DeviceHeap {
   // record_stream streams): tags that overflowed to "all" wait for each.
   std::vector<vmm::StreamHandle> streams_seen_;
   vmm::Event order_event_;  // recorded on S, waited on by T; reusable at once
+  // Set during allocate_large's first attempt: a growth that would release
+  // chunks throws ReclaimSpans instead (lock_).
+  bool reclaim_spans_first_ = false;
 
   mutable std::mutex caches_lock_;
   std::unordered_map<vmm::StreamHandle, std::unique_ptr<StreamCache>> caches_;

@@ -113,18 +113,25 @@ void* DeviceHeap::allocate_small(StreamCache& c, std::size_t bytes) {
   const std::size_t slot = class_size(cls);
   for (int attempt = 0;; ++attempt) {
     try {
-      std::lock_guard<SpinLock> guard(c.lock);
+      std::unique_lock<SpinLock> guard(c.lock);
       Span* s = c.current[ci];
       bool grew = false;
       if (s == nullptr || s->full()) [[unlikely]] {
         // The current span is full (it is on no list: a free will put it back
-        // on the partial list). Take a partial span, the spare, or a new one.
+        // on the partial list). Take a partial span, the spare, or a new one;
+        // a class that is still cold goes to the large heap instead
+        // (Config::span_warmup_allocations), outside this cache's lock
+        // (allocate_large may reclaim spans, which takes every cache's lock).
         s = c.partial[ci];
         if (s != nullptr) {
           partial_remove(c, s);
         } else if (c.spare[ci] != nullptr) {
           s = c.spare[ci];
           c.spare[ci] = nullptr;
+        } else if (c.cold_allocations[ci] < config_.span_warmup_allocations) {
+          ++c.cold_allocations[ci];
+          guard.unlock();
+          return allocate_large(bytes, c.stream);
         } else {
           s = new_span(c, cls, bytes);
           grew = true;
