@@ -42,8 +42,19 @@ void* Allocator::allocate(std::size_t bytes, int device, vmm::StreamHandle strea
                         caps.name + "): tried to allocate " + detail::format_bytes(bytes) +
                         ", more than the device's " + detail::format_bytes(caps.total_memory));
   detail::DeviceHeap& h = im.heap(device);
-  if (bytes <= h.small_max()) return h.allocate_small(im.cache(h, device, stream), bytes);
-  return h.allocate_large(bytes, stream);
+  auto once = [&] {
+    if (bytes <= h.small_max()) return h.allocate_small(im.cache(h, device, stream), bytes);
+    return h.allocate_large(bytes, stream);
+  };
+  try {
+    return once();
+  } catch (const out_of_memory&) {
+    // The reserve cap counts the scratch too: its cached chunks go back
+    // (behind the fence) before the arena gives up. Outside the arena's
+    // locks, so that no heap's lock is held while another's is taken.
+    if (!im.release_other_heap(device, &h)) throw;
+    return once();
+  }
 }
 
 void Allocator::deallocate(void* ptr, std::size_t bytes, int device, vmm::StreamHandle stream) {

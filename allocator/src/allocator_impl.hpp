@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,9 @@ class Allocator::Impl {
       : driver_(driver),
         config_(std::move(config)),
         caps_(vmm::read_all_device_caps(driver_)),
+        policy_caps_(caps_),
         fence_(driver_, static_cast<int>(caps_.size()), config_.fence_enabled),
+        device_reserved_(caps_.size()),
         heaps_(caps_.size()),
         policy_(caps_.size() * caps_.size(), PeerPolicy::none),
         global_enabled_(caps_.size() * caps_.size(), 0),
@@ -52,7 +55,25 @@ class Allocator::Impl {
         owned_(caps_.size()),
         owned_scratch_(caps_.size()),
         id_(detail::next_allocator_id.fetch_add(1)) {
+    // The policy follows the memory gvmalloc hands out: with no_vmm the
+    // scratch is cuMemAlloc memory, which only context peer access reaches.
+    if (config_.force_no_vmm)
+      for (auto& c : policy_caps_) c.vmm = false;
     init_peer_policy();
+  }
+  // Every device is fenced before any heap unmaps: a stream of one device may
+  // still read another's memory (a staged peer copy runs on the destination's
+  // stream), so draining each heap's own device is not enough.
+  ~Impl() {
+    std::vector<int> all(caps_.size());
+    for (std::size_t d = 0; d < all.size(); ++d) all[d] = static_cast<int>(d);
+    try {
+      fence_.wait_devices(all);
+    } catch (...) {
+      // A dead context: nothing queued runs again; unmapping is all that is left.
+    }
+    owned_scratch_.clear();
+    owned_.clear();
   }
 
   // Inline: one compare on the hot path; the message is built out of line.
@@ -76,7 +97,8 @@ class Allocator::Impl {
       slot = std::make_unique<detail::DeviceHeap>(
           driver_, caps_[static_cast<std::size_t>(device)], config_, fence_,
           detail::DeviceHeap::Kind::arena,
-          std::vector<vmm::AccessDesc>{{device, vmm::Access::read_write}});
+          std::vector<vmm::AccessDesc>{{device, vmm::Access::read_write}},
+          device_reserved_[static_cast<std::size_t>(device)]);
       heaps_[static_cast<std::size_t>(device)].store(slot.get(), std::memory_order_release);
     }
     return *slot;
@@ -95,6 +117,18 @@ class Allocator::Impl {
     return c;
   }
 
+  // The device's heap other than `h` (arena or scratch) gives back its cached
+  // chunks; true if it held any (then an allocation that met the reserve cap
+  // or the device's limit is worth one more try).
+  bool release_other_heap(int device, detail::DeviceHeap* h) {
+    detail::DeviceHeap* other = h == existing_heap(device) ? existing_scratch(device) : existing_heap(device);
+    if (other == nullptr) return false;
+    const DeviceStats before = other->stats();
+    if (before.cached_bytes == 0) return false;
+    other->trim();
+    return other->stats().reserved_bytes < before.reserved_bytes;
+  }
+
   // The device whose heap holds addr, or -1.
   int owner_of(std::uintptr_t addr) const {
     for (std::size_t d = 0; d < heaps_.size(); ++d)
@@ -108,7 +142,8 @@ class Allocator::Impl {
   detail::DeviceHeap* existing_scratch(int device) const {
     return scratch_[static_cast<std::size_t>(device)].load(std::memory_order_acquire);
   }
-  std::vector<vmm::AccessDesc> scratch_access(int owner) const;  // policy_lock_ held
+  // Who may touch `owner`'s scratch under the policy `matrix`.
+  std::vector<vmm::AccessDesc> scratch_access(int owner, const std::vector<PeerPolicy>& matrix) const;
   void enable_global(int peer, int owner);                        // policy_lock_ held
   PeerPolicy policy(int owner, int peer) const {
     return policy_[static_cast<std::size_t>(owner) * caps_.size() + static_cast<std::size_t>(peer)];
@@ -123,11 +158,21 @@ class Allocator::Impl {
   detail::CountingDriver driver_;
   Config config_;
   std::vector<vmm::DeviceCaps> caps_;
+  // caps_ as the peer policy sees them: vmm is what gvmalloc really uses.
+  std::vector<vmm::DeviceCaps> policy_caps_;
   detail::Fence fence_;
+  // Bytes mapped per device by its arena and scratch together (the cap).
+  std::vector<std::atomic<std::size_t>> device_reserved_;
   std::mutex heaps_lock_;
   std::vector<std::atomic<detail::DeviceHeap*>> heaps_;
-  mutable std::mutex policy_lock_;
+  // Shared by whoever acts under the current policy (a peer copy decides,
+  // notes its stream and queues under it); exclusive for a switch, so no
+  // copy can be decided under one policy and queued under the next.
+  mutable std::shared_mutex policy_lock_;
   PeerPolicy requested_policy_ = PeerPolicy::automatic;
+  // A switch failed and could not be undone everywhere: the next one applies
+  // every grant again instead of returning early.
+  bool policy_dirty_ = false;
   std::vector<PeerPolicy> policy_;  // [owner * n + peer]
   // Context peer access this allocator enabled: [peer * n + owner].
   std::vector<char> global_enabled_;

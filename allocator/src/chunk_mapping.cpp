@@ -29,8 +29,7 @@ void DeviceHeap::map_run(std::uintptr_t addr, std::size_t size, std::vector<std:
     c.streams.clear();
     c.live = 1;  // made for the block being committed (ensure_mapped)
     for (std::uintptr_t g = addr; g < addr + piece; g += kGranule) pages_.at(g).chunk = idx + 1;
-    reserved_ += piece;
-    peak_reserved_ = std::max(peak_reserved_, reserved_);
+    add_reserved(piece);
     ++chunks_mapped_;
     made.push_back(idx);
     addr += piece;
@@ -81,7 +80,8 @@ void DeviceHeap::ensure_mapped(Block* b) {
   // Before growing: give back whole cached chunks if the cap or the slack
   // bound would be passed (see Config::reserve_slack).
   const std::size_t cap = reserve_cap();
-  if (cap != 0 && reserved_ + need > cap) release_cached(reserved_ + need - cap, false);
+  if (cap != 0 && device_reserved() + need > cap)
+    release_cached(device_reserved() + need - cap, false);
   // The scratch never shrinks to make room: its chunks carry peer grants
   // that cost ~1 ms per 64 MiB to make again (MEASUREMENTS.md).
   if (kind_ == Kind::arena && config_.reserve_slack >= 0.0) {
@@ -107,7 +107,7 @@ void DeviceHeap::ensure_mapped(Block* b) {
       release_cached(reserved_ + need - bound, false);
     }
   }
-  if (cap != 0 && reserved_ + need > cap) throw_oom(b->requested, "the reserved-bytes cap");
+  if (cap != 0 && device_reserved() + need > cap) throw_oom(b->requested, "the reserved-bytes cap");
 
   std::vector<std::uint32_t> made;
   auto undo = [&] {
@@ -158,9 +158,15 @@ void DeviceHeap::fence_chunks(const std::vector<std::uint32_t>& chunks) {
   }
   if (kind_ == Kind::scratch && !config_.scratch_fence_tracked) {
     // Peers' work on the scratch is not seen by the allocator unless the
-    // caller names it: drain every device that has access.
+    // caller names it: drain every device that has access, and the devices
+    // of streams known to have touched it (a staged copy runs on the other
+    // device's stream).
     std::vector<int> devices;
-    for (const auto& a : access_) devices.push_back(a.device);
+    auto add_device = [&](int d) {
+      if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
+    };
+    for (const auto& a : access_) add_device(a.device);
+    for (const StreamRef& r : streams) add_device(r.device);
     fence_.wait_devices(devices);
   } else if (whole_device) {
     fence_.wait_devices({device()});
@@ -211,7 +217,7 @@ vmm::Result DeviceHeap::release_chunk_noexcept(std::uint32_t idx) noexcept {
       if (PageEntry* e = pages_.find(g); e != nullptr) e->chunk = 0;
     }
   }
-  reserved_ -= c.size;
+  sub_reserved(c.size);
   ++chunks_unmapped_;
   c = ChunkRec{};
   free_chunk_slots_.push_back(idx);
@@ -307,15 +313,31 @@ void DeviceHeap::set_access(std::vector<vmm::AccessDesc> access) {
     if (!kept) descs.push_back({old.device, vmm::Access::none});
   }
   if (vmm_) {
-    for (auto& c : chunks_) {
+    // What puts a chunk back as it was: the old rights, and PROT_NONE for
+    // devices the change would have added.
+    std::vector<vmm::AccessDesc> undo = access_;
+    for (const auto& a : access)
+      if (std::none_of(access_.begin(), access_.end(),
+                       [&](const vmm::AccessDesc& o) { return o.device == a.device; }))
+        undo.push_back({a.device, vmm::Access::none});
+    for (std::size_t i = 0; i < chunks_.size(); ++i) {
+      ChunkRec& c = chunks_[i];
       if (!c.in_use) continue;
       const vmm::Result r = driver_.mem_set_access(c.addr, c.size, descs.data(), descs.size());
-      if (r != vmm::Result::success)
+      if (r != vmm::Result::success) {
+        // Part-way: the chunks already changed go back, so that the heap's
+        // rights are all old or all new (the caller's policy says which).
+        for (std::size_t j = 0; j < i; ++j)
+          if (chunks_[j].in_use)
+            (void)driver_.mem_set_access(chunks_[j].addr, chunks_[j].size, undo.data(),
+                                         undo.size());
         throw vmm::DriverError(r, "cuMemSetAccess(device " + std::to_string(device()) +
                                       " scratch chunk of " + std::to_string(c.size) + " bytes)");
-      // After the change only the owner's and the new peers' work can touch it.
-      c.peer_streams.clear();
+      }
     }
+    // After the change (behind the caller's fence) only the owner's and the
+    // new peers' work can touch the chunks.
+    for (auto& c : chunks_) c.peer_streams.clear();
   }
   access_ = std::move(access);
 }

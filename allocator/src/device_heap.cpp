@@ -35,7 +35,8 @@ std::string format_bytes(std::size_t n) {
 }
 
 DeviceHeap::DeviceHeap(vmm::Driver& driver, const vmm::DeviceCaps& caps, const Config& config,
-                       Fence& fence, Kind kind, std::vector<vmm::AccessDesc> access)
+                       Fence& fence, Kind kind, std::vector<vmm::AccessDesc> access,
+                       std::atomic<std::size_t>& device_reserved)
     : driver_(driver),
       caps_(caps),
       config_(config),
@@ -44,17 +45,22 @@ DeviceHeap::DeviceHeap(vmm::Driver& driver, const vmm::DeviceCaps& caps, const C
       access_(std::move(access)),
       vmm_(caps.vmm && !config.force_no_vmm),
       // A span is one granule with at least two slots.
-      small_max_(kind == Kind::arena ? std::min(config.small_block_max_bytes, kGranule / 2) : 0) {}
+      small_max_(kind == Kind::arena ? std::min(config.small_block_max_bytes, kGranule / 2) : 0),
+      device_reserved_(device_reserved) {}
+
+void DeviceHeap::add_reserved(std::size_t n) noexcept {
+  reserved_ += n;
+  peak_reserved_ = std::max(peak_reserved_, reserved_);
+  device_reserved_.fetch_add(n);
+}
+
+void DeviceHeap::sub_reserved(std::size_t n) noexcept {
+  reserved_ -= n;
+  device_reserved_.fetch_sub(n);
+}
 
 DeviceHeap::~DeviceHeap() {
-  // Whatever may still run on the device must finish before its memory goes.
-  try {
-    std::vector<int> devices;
-    for (const auto& a : access_) devices.push_back(a.device);
-    fence_.wait_devices(devices);
-  } catch (...) {
-    // A dead context: unmapping is all that is left to do.
-  }
+  // The owner (Allocator::Impl) has fenced every device: unmap.
   for (auto& c : chunks_) {
     if (!c.in_use) continue;
     if (vmm_) {
@@ -187,7 +193,8 @@ void DeviceHeap::add_region(std::size_t min_bytes, std::size_t alignment,
     // No VMM: a region is one cuMemAlloc segment, mapped as a whole.
     std::size_t size = round_up(min_bytes, kGranule);
     const std::size_t cap = reserve_cap();
-    if (cap != 0 && reserved_ + size > cap) release_cached(reserved_ + size - cap, false);
+    if (cap != 0 && device_reserved() + size > cap)
+      release_cached(device_reserved() + size - cap, false);
     if (config_.reserve_slack >= 0.0) {
       // The same bound as the VMM path (ensure_mapped), by whole segments.
       const double live_after = static_cast<double>(live_total()) +
@@ -195,7 +202,7 @@ void DeviceHeap::add_region(std::size_t min_bytes, std::size_t alignment,
       const auto bound = static_cast<std::size_t>(live_after * (1.0 + config_.reserve_slack));
       if (reserved_ + size > bound) release_cached(reserved_ + size - bound, false);
     }
-    if (cap != 0 && reserved_ + size > cap) throw_oom(requested, "the reserved-bytes cap");
+    if (cap != 0 && device_reserved() + size > cap) throw_oom(requested, "the reserved-bytes cap");
     vmm::DevicePtr p = 0;
     vmm::Result res = driver_.mem_alloc(device(), size, &p);
     if (res == vmm::Result::out_of_memory) {
@@ -236,8 +243,7 @@ void DeviceHeap::add_region(std::size_t min_bytes, std::size_t alignment,
     rec->classic_chunk = idx + 1;
     r.base = p;
     r.size = size;
-    reserved_ += size;
-    peak_reserved_ = std::max(peak_reserved_, reserved_);
+    add_reserved(size);
     ++chunks_mapped_;
   }
   if (!PageMap::in_range(r.base + r.size - 1))

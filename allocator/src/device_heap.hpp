@@ -92,8 +92,11 @@ class DeviceHeap {
 
   // `access`: who may touch chunks mapped here (the owner first; for the
   // scratch heap, its peers too).
+  // `device_reserved`: the bytes every heap of this device (arena and
+  // scratch) holds, which the reserve cap bounds; shared, outlives the heap.
   DeviceHeap(vmm::Driver& driver, const vmm::DeviceCaps& caps, const Config& config, Fence& fence,
-             Kind kind, std::vector<vmm::AccessDesc> access);
+             Kind kind, std::vector<vmm::AccessDesc> access,
+             std::atomic<std::size_t>& device_reserved);
   ~DeviceHeap();
   DeviceHeap(const DeviceHeap&) = delete;
   DeviceHeap& operator=(const DeviceHeap&) = delete;
@@ -196,6 +199,10 @@ class DeviceHeap {
   void release_unused_regions();
   void maybe_release_above_threshold();
   std::size_t reserve_cap() const noexcept;
+  // What the device's heaps hold together (the cap counts them all).
+  std::size_t device_reserved() const noexcept { return device_reserved_.load(); }
+  void add_reserved(std::size_t n) noexcept;
+  void sub_reserved(std::size_t n) noexcept;
   [[noreturn]] void throw_oom(std::size_t bytes, const char* why);
   void link_start(Block* b);
   void unlink_start(Block* b);
@@ -259,7 +266,8 @@ class DeviceHeap {
   std::atomic<std::int64_t> headroom_{0};  // peak - total at the last refresh
   mutable SpinLock cache_list_lock_;
   std::vector<StreamCache*> cache_list_;
-  std::size_t reserved_ = 0;
+  std::size_t reserved_ = 0;  // this heap's part of device_reserved_
+  std::atomic<std::size_t>& device_reserved_;
   std::size_t peak_reserved_ = 0;
   std::size_t large_live_ = 0;
   std::uint64_t large_allocations_ = 0;

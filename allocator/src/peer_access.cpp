@@ -4,6 +4,8 @@
 // nothing else; every change of who may touch it (a grant, a revoke, a
 // context peer-access toggle) happens behind the fence (fence.hpp).
 #include <algorithm>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
 
 #include "allocator_impl.hpp"
@@ -16,13 +18,15 @@ void Allocator::Impl::init_peer_policy() {
   for (std::size_t o = 0; o < n; ++o)
     for (std::size_t p = 0; p < n; ++p)
       policy_[o * n + p] =
-          o == p ? PeerPolicy::none : detail::effective_peer_policy(requested_policy_, caps_[o], caps_[p]);
+          o == p ? PeerPolicy::none : detail::effective_peer_policy(requested_policy_, policy_caps_[o], policy_caps_[p]);
 }
 
-std::vector<vmm::AccessDesc> Allocator::Impl::scratch_access(int owner) const {
+std::vector<vmm::AccessDesc> Allocator::Impl::scratch_access(
+    int owner, const std::vector<PeerPolicy>& matrix) const {
   std::vector<vmm::AccessDesc> access{{owner, vmm::Access::read_write}};
-  for (int p = 0; p < static_cast<int>(caps_.size()); ++p) {
-    const PeerPolicy pol = policy(owner, p);
+  const std::size_t n = caps_.size();
+  for (int p = 0; p < static_cast<int>(n); ++p) {
+    const PeerPolicy pol = matrix[static_cast<std::size_t>(owner) * n + static_cast<std::size_t>(p)];
     // VMM memory needs a grant whatever the policy; `global` adds the
     // context toggle for classic memory and for the pre-Ampere driver.
     if (pol == PeerPolicy::per_allocation || pol == PeerPolicy::global)
@@ -51,14 +55,15 @@ void Allocator::Impl::enable_global(int peer, int owner) {
 
 detail::DeviceHeap& Allocator::Impl::scratch(int device) {
   if (auto* h = existing_scratch(device); h != nullptr) return *h;
-  std::lock_guard<std::mutex> guard(policy_lock_);
+  std::unique_lock<std::shared_mutex> guard(policy_lock_);
   auto& slot = owned_scratch_[static_cast<std::size_t>(device)];
   if (!slot) {
     for (int p = 0; p < static_cast<int>(caps_.size()); ++p)
       if (policy(device, p) == PeerPolicy::global) enable_global(p, device);
     slot = std::make_unique<detail::DeviceHeap>(driver_, caps_[static_cast<std::size_t>(device)],
                                                 config_, fence_, detail::DeviceHeap::Kind::scratch,
-                                                scratch_access(device));
+                                                scratch_access(device, policy_),
+                                                device_reserved_[static_cast<std::size_t>(device)]);
     scratch_[static_cast<std::size_t>(device)].store(slot.get(), std::memory_order_release);
   }
   return *slot;
@@ -104,7 +109,13 @@ void* Allocator::scratch_allocate(std::size_t bytes, int device, vmm::StreamHand
     throw out_of_memory("gvmalloc: out of memory on device " + std::to_string(device) +
                         ": scratch_allocate(" + detail::format_bytes(bytes) +
                         ") is more than the device's memory");
-  return im.scratch(device).allocate_large(bytes, stream);
+  detail::DeviceHeap& h = im.scratch(device);
+  try {
+    return h.allocate_large(bytes, stream);
+  } catch (const out_of_memory&) {
+    if (!im.release_other_heap(device, &h)) throw;
+    return h.allocate_large(bytes, stream);
+  }
 }
 
 void Allocator::scratch_deallocate(void* ptr, std::size_t bytes, int device,
@@ -133,23 +144,29 @@ void Allocator::record_stream(void* ptr, vmm::StreamHandle stream, int stream_de
 PeerPolicy Allocator::peer_policy(int owner, int peer) const {
   impl_->check_device(owner, "peer_policy");
   impl_->check_device(peer, "peer_policy");
-  std::lock_guard<std::mutex> guard(impl_->policy_lock_);
+  std::shared_lock<std::shared_mutex> guard(impl_->policy_lock_);
   return impl_->policy(owner, peer);
 }
 
 void Allocator::set_peer_policy(PeerPolicy requested) {
   Impl& im = *impl_;
-  std::lock_guard<std::mutex> guard(im.policy_lock_);
+  // Exclusive: no peer copy is between its decision and its queueing now.
+  std::unique_lock<std::shared_mutex> guard(im.policy_lock_);
   const std::size_t n = im.caps_.size();
+  // Plan: the matrix the switch leads to.
   std::vector<PeerPolicy> next(n * n, PeerPolicy::none);
   for (std::size_t o = 0; o < n; ++o)
     for (std::size_t p = 0; p < n; ++p)
-      if (o != p) next[o * n + p] = detail::effective_peer_policy(requested, im.caps_[o], im.caps_[p]);
-  im.requested_policy_ = requested;
-  if (next == im.policy_) return;
+      if (o != p)
+        next[o * n + p] =
+            detail::effective_peer_policy(requested, im.policy_caps_[o], im.policy_caps_[p]);
+  if (next == im.policy_ && !im.policy_dirty_) {
+    im.requested_policy_ = requested;
+    return;
+  }
 
-  // The fence, before anything changes: every device that may touch a
-  // scratch buffer now (the owners and their current peers), or - with
+  // Fence, before anything changes: every device that may touch a scratch
+  // buffer now (the owners and their current peers), or - with
   // scratch_fence:tracked - the streams known to have used them.
   std::vector<int> devices;
   std::vector<detail::StreamRef> streams;
@@ -171,7 +188,10 @@ void Allocator::set_peer_policy(PeerPolicy requested) {
     if (h == nullptr) continue;
     for (const auto& a : h->access()) add_device(a.device);
     bool heap_whole = false;
-    for (const auto& r : h->streams_touching(&heap_whole)) streams.push_back(r);
+    for (const auto& r : h->streams_touching(&heap_whole)) {
+      streams.push_back(r);
+      add_device(r.device);
+    }
     whole_devices = whole_devices || heap_whole;
   }
   if (whole_devices) {
@@ -180,29 +200,77 @@ void Allocator::set_peer_policy(PeerPolicy requested) {
     im.fence_.wait(streams);
   }
 
-  // Context toggles leaving `global` (only those this allocator made).
-  for (std::size_t o = 0; o < n; ++o) {
-    for (std::size_t p = 0; p < n; ++p) {
-      char& state = im.global_enabled_[p * n + o];
-      if (im.policy_[o * n + p] == PeerPolicy::global && next[o * n + p] != PeerPolicy::global &&
-          state == 1) {
-        const vmm::Result r = im.driver_.disable_peer_access(static_cast<int>(p), static_cast<int>(o));
-        if (r != vmm::Result::success && r != vmm::Result::peer_access_not_enabled)
-          throw vmm::DriverError(r, "cuCtxDisablePeerAccess(device " + std::to_string(p) +
-                                        " -> device " + std::to_string(o) + ")");
-        state = 0;
+  // Apply, keeping what to undo: grants of each scratch buffer, then the
+  // context toggles. Should a step fail, what was done is undone and the
+  // policy stays as it was; what cannot be undone makes the pairs of that
+  // owner `none` (no direct copy trusts a grant in doubt) and the next
+  // switch applies everything again.
+  std::vector<std::pair<detail::DeviceHeap*, std::vector<vmm::AccessDesc>>> regranted;
+  std::vector<std::pair<std::size_t, char>> toggled;  // global_enabled_ index, old state
+  try {
+    for (std::size_t o = 0; o < n; ++o) {
+      detail::DeviceHeap* h = im.existing_scratch(static_cast<int>(o));
+      if (h == nullptr) continue;
+      std::vector<vmm::AccessDesc> old = h->access();
+      std::vector<vmm::AccessDesc> want = im.scratch_access(static_cast<int>(o), next);
+      if (old == want && !im.policy_dirty_) continue;
+      h->set_access(want);  // undoes itself when it fails part-way
+      regranted.emplace_back(h, std::move(old));
+    }
+    for (std::size_t o = 0; o < n; ++o) {
+      for (std::size_t p = 0; p < n; ++p) {
+        const std::size_t k = p * n + o;
+        char& state = im.global_enabled_[k];
+        if (im.policy_[o * n + p] == PeerPolicy::global && next[o * n + p] != PeerPolicy::global &&
+            state == 1) {
+          // Context peer access this allocator enabled, behind the fence above.
+          const vmm::Result r =
+              im.driver_.disable_peer_access(static_cast<int>(p), static_cast<int>(o));
+          if (r != vmm::Result::success && r != vmm::Result::peer_access_not_enabled)
+            throw vmm::DriverError(r, "cuCtxDisablePeerAccess(device " + std::to_string(p) +
+                                          " -> device " + std::to_string(o) + ")");
+          toggled.emplace_back(k, state);
+          state = 0;
+        }
       }
     }
+    for (std::size_t o = 0; o < n; ++o) {
+      if (im.existing_scratch(static_cast<int>(o)) == nullptr) continue;
+      for (std::size_t p = 0; p < n; ++p) {
+        if (next[o * n + p] != PeerPolicy::global) continue;
+        const std::size_t k = p * n + o;
+        const char before = im.global_enabled_[k];
+        im.enable_global(static_cast<int>(p), static_cast<int>(o));
+        if (im.global_enabled_[k] != before) toggled.emplace_back(k, before);
+      }
+    }
+  } catch (...) {
+    bool undone = true;
+    for (auto it = toggled.rbegin(); it != toggled.rend(); ++it) {
+      const int p = static_cast<int>(it->first / n), o = static_cast<int>(it->first % n);
+      const vmm::Result r = it->second == 1 ? im.driver_.enable_peer_access(p, o)
+                                            : im.driver_.disable_peer_access(p, o);
+      if (r == vmm::Result::success || r == vmm::Result::peer_access_already_enabled ||
+          r == vmm::Result::peer_access_not_enabled)
+        im.global_enabled_[it->first] = it->second;
+      else
+        undone = false;
+    }
+    for (auto it = regranted.rbegin(); it != regranted.rend(); ++it) {
+      try {
+        it->first->set_access(it->second);
+      } catch (...) {
+        undone = false;
+        const auto o = static_cast<std::size_t>(it->first->device());
+        for (std::size_t p = 0; p < n; ++p) im.policy_[o * n + p] = PeerPolicy::none;
+      }
+    }
+    if (!undone) im.policy_dirty_ = true;
+    throw;
   }
   im.policy_ = next;
-  for (std::size_t o = 0; o < n; ++o) {
-    detail::DeviceHeap* h = im.existing_scratch(static_cast<int>(o));
-    if (h == nullptr) continue;
-    for (std::size_t p = 0; p < n; ++p)
-      if (im.policy(static_cast<int>(o), static_cast<int>(p)) == PeerPolicy::global)
-        im.enable_global(static_cast<int>(p), static_cast<int>(o));
-    h->set_access(im.scratch_access(static_cast<int>(o)));
-  }
+  im.policy_dirty_ = false;
+  im.requested_policy_ = requested;
 }
 
 void Allocator::peer_copy(void* dst, int dst_device, const void* src, int src_device,
@@ -220,17 +288,21 @@ void Allocator::peer_copy(void* dst, int dst_device, const void* src, int src_de
   if (src_device == dst_device) {
     r = im.driver_.memcpy_async(dst_device, d, s, bytes, stream);
   } else {
+    // Decided, noted and queued under one policy: a switch waits for all
+    // three (set_peer_policy takes the lock exclusively), and then its
+    // fence sees the copy.
+    std::shared_lock<std::shared_mutex> guard(im.policy_lock_);
     // Direct when dst_device (whose stream runs the copy) was let into the
     // source: it lies in src_device's scratch and the pair's policy grants it.
-    bool direct = false;
-    {
-      std::lock_guard<std::mutex> guard(im.policy_lock_);
-      const PeerPolicy pol = im.policy(src_device, dst_device);
-      detail::DeviceHeap* sh = im.existing_scratch(src_device);
-      direct = pol != PeerPolicy::none && sh != nullptr && sh->is_live_block(s, bytes);
-    }
+    detail::DeviceHeap* sh = im.existing_scratch(src_device);
+    const bool direct = im.policy(src_device, dst_device) != PeerPolicy::none && sh != nullptr &&
+                        sh->is_live_block(s, bytes);
+    // dst_device's stream touches src_device's memory either way (a staged
+    // copy too): a fence before that memory is unmapped or its access
+    // changes must wait for it.
+    if (detail::DeviceHeap* h = im.heap_holding(src_device, s); h != nullptr)
+      h->note_use(s, detail::StreamRef{dst_device, stream});
     if (direct) {
-      im.existing_scratch(src_device)->note_use(s, detail::StreamRef{dst_device, stream});
       r = im.driver_.memcpy_async(dst_device, d, s, bytes, stream);
     } else {
       call = "cuMemcpyPeerAsync";
@@ -248,7 +320,7 @@ bool Allocator::is_peer_copy_direct(const void* src, int src_device, int dst_dev
   Impl& im = *impl_;
   im.check_device(dst_device, "is_peer_copy_direct");
   im.check_device(src_device, "is_peer_copy_direct");
-  std::lock_guard<std::mutex> guard(im.policy_lock_);
+  std::shared_lock<std::shared_mutex> guard(im.policy_lock_);
   detail::DeviceHeap* sh = im.existing_scratch(src_device);
   return src_device != dst_device && im.policy(src_device, dst_device) != PeerPolicy::none &&
          sh != nullptr && sh->is_live_block(reinterpret_cast<std::uintptr_t>(src), 1);

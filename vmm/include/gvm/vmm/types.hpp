@@ -40,6 +40,7 @@ constexpr const char* access_name(Access a) noexcept {
 struct AccessDesc {
   int device;
   Access access;
+  friend bool operator==(const AccessDesc&, const AccessDesc&) = default;
 };
 
 // Device attributes the project reads (mapped onto CUdevice_attribute in CudaDriver).
