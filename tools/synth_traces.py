@@ -212,13 +212,13 @@ def mixed(rng):
         return math.exp(math.log(256) + rng.random() * (math.log(64 * MIB) - math.log(256)))
 
     live = [w.alloc(size()) for _ in range(1000)]
-    for _ in range(60000):
+    for _ in range(20000):
         k = rng.randrange(len(live))
         w.free(live[k])
         live[k] = w.alloc(size())
     for i in live:
         w.free(i)
-    return w, "1000 live blocks, 256 B-64 MiB log-uniform, one replaced per step, 60000 steps"
+    return w, "1000 live blocks, 256 B-64 MiB log-uniform, one replaced per step, 20000 steps"
 
 
 def streams4(rng):
@@ -229,7 +229,7 @@ def streams4(rng):
 
     streams = [1, 2, 3, 4]
     live = {s: [w.alloc(size(), s) for _ in range(100)] for s in streams}
-    for _ in range(15000):
+    for _ in range(4000):
         for s in streams:
             k = rng.randrange(100)
             w.free(live[s][k])

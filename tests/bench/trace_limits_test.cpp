@@ -1,0 +1,139 @@
+// Peak reserved / peak live of every shipped trace on a simulated H200, against
+// what the peers reserve on the same trace (traces/peers.csv, measured on one
+// H200), and the driver work it takes; the synthetic traces of tests/bench/traces
+// (tools/synth_traces.py) against bounds of their own. A trace test, not a
+// timing: the simulated H200 makes the allocator's decisions exactly as the real
+// one does (docs/replay.md), so these figures are the GPU's.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gvm/allocator.hpp"
+#include "gvm/vmm/sim_driver.hpp"
+#include "replay.hpp"
+#include "trace.hpp"
+
+namespace gvm::bench {
+namespace {
+
+struct Replayed {
+  double ratio = 0;
+  std::uint64_t driver_calls = 0;
+  std::uint64_t chunks_mapped = 0;
+  std::uint64_t fences = 0;
+};
+
+Replayed replay_on_sim_h200(const std::string& path) {
+  const Trace trace = read_trace(path);
+  auto sim = vmm::SimDriver::uniform(vmm::Profile::h200, 1);
+  TraceStreams streams(*sim, 0, trace);
+  Allocator allocator(*sim);
+  ReplayOptions options;
+  options.streams = &streams;
+  options.sample_memory = true;
+  const ReplayResult r = replay(trace, allocator, *sim, 0, options);
+  const DeviceStats s = allocator.device_stats(0);
+  std::string why;
+  EXPECT_TRUE(allocator.check_invariants(&why)) << why;
+  return Replayed{static_cast<double>(r.peak_reserved_bytes) / static_cast<double>(r.peak_live_bytes),
+                  r.driver_calls, s.chunks_mapped, s.fences};
+}
+
+// The lowest peer ratio of each trace in traces/peers.csv.
+std::map<std::string, double> best_peers() {
+  std::ifstream in(std::string(GVM_SOURCE_DIR) + "/traces/peers.csv");
+  EXPECT_TRUE(in.good()) << "traces/peers.csv";
+  std::map<std::string, double> best;
+  std::string line;
+  bool header = true;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (header) {
+      header = false;
+      continue;
+    }
+    std::istringstream f(line);
+    std::string trace, impl, ratio;
+    std::getline(f, trace, ',');
+    std::getline(f, impl, ',');
+    std::getline(f, ratio, ',');
+    const double r = std::stod(ratio);
+    auto it = best.find(trace);
+    if (it == best.end() || r < it->second) best[trace] = r;
+  }
+  return best;
+}
+
+struct Limit {
+  const char* trace;
+  // Budgets of driver work in the replay: chunks mapped and fences, today's
+  // figures with a little room. More of either costs time on the GPU (one
+  // chunk ~0.14 ms to make, map and grant on an H200, docs/benchmarks.md).
+  std::uint64_t max_chunks_mapped;
+  std::uint64_t max_fences;
+};
+
+class ShippedTrace : public ::testing::TestWithParam<Limit> {};
+
+TEST_P(ShippedTrace, ReservesLessThanTheBestPeerWithinItsDriverBudget) {
+  const Limit& l = GetParam();
+  const auto peers = best_peers();
+  ASSERT_TRUE(peers.count(l.trace)) << l.trace << " missing in traces/peers.csv";
+  const Replayed r = replay_on_sim_h200(std::string(GVM_SOURCE_DIR) + "/traces/" + l.trace + ".trace.gz");
+  EXPECT_LT(r.ratio, peers.at(l.trace)) << "best peer " << peers.at(l.trace);
+  EXPECT_LE(r.chunks_mapped, l.max_chunks_mapped);
+  EXPECT_LE(r.fences, l.max_fences);
+  RecordProperty("ratio", std::to_string(r.ratio));
+  RecordProperty("driver_calls", std::to_string(r.driver_calls));
+}
+
+INSTANTIATE_TEST_SUITE_P(Sim, ShippedTrace,
+                         ::testing::Values(Limit{"gpt2_train", 430, 30},
+                                           Limit{"bert_infer", 330, 100},
+                                           Limit{"llama_generate", 80, 2}),
+                         [](const ::testing::TestParamInfo<Limit>& i) { return std::string(i.param.trace); });
+
+// ResNet-50: 1.017, not below PyTorch with expandable segments (1.011). At its
+// peak the excess is holes inside chunks that hold live data (docs/design-notes.md,
+// "Fragmentation"); what would release them costs more driver calls than it may.
+// This holds today's figure so that it only gets better.
+TEST(ShippedTraceKnownGap, ResNetStaysAtItsMeasuredRatio) {
+  const Replayed r = replay_on_sim_h200(std::string(GVM_SOURCE_DIR) + "/traces/resnet50_train.trace.gz");
+  EXPECT_LE(r.ratio, 1.018);
+  EXPECT_LE(r.chunks_mapped, 200u);
+  EXPECT_LE(r.fences, 6u);
+}
+
+struct Synthetic {
+  const char* trace;
+  double max_ratio;  // today's figure with a little room; the old policy's in the comment
+  std::uint64_t max_fences;
+};
+
+class SyntheticTrace : public ::testing::TestWithParam<Synthetic> {};
+
+TEST_P(SyntheticTrace, StaysWithinItsBounds) {
+  const Synthetic& s = GetParam();
+  const Replayed r =
+      replay_on_sim_h200(std::string(GVM_SOURCE_DIR) + "/tests/bench/traces/" + s.trace + ".trace.gz");
+  EXPECT_LE(r.ratio, s.max_ratio);
+  EXPECT_LE(r.fences, s.max_fences);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sim, SyntheticTrace,
+    ::testing::Values(Synthetic{"side_stream", 1.10, 2},       // before this policy: 3.79
+                      Synthetic{"checkpoint_train", 1.02, 8},  // 1.015
+                      Synthetic{"kv_growth", 1.07, 12},        // 1.063
+                      Synthetic{"mixed", 1.25, 30},            // 1.20: random churn, fences guard
+                      Synthetic{"streams4", 1.80, 35}),        // 3.45: four streams' churn
+    [](const ::testing::TestParamInfo<Synthetic>& i) { return std::string(i.param.trace); });
+
+}  // namespace
+}  // namespace gvm::bench
