@@ -288,8 +288,8 @@ TEST(ReplayTool, JsonHasTheKeysAndTheFigures) {
   std::remove(csv.c_str());
 }
 
-TEST(ReplayTool, TextReportOnTheDefaultTrace) {
-  const ToolRun r = run_replay("--driver sim --profile h200");
+TEST(ReplayTool, TextReportOnOneTrace) {
+  const ToolRun r = run_replay("--driver sim --profile h200 '" + shipped_trace() + "'");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("gpt2_train.trace.gz"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("events         114839 (57421 allocations, 57418 frees)"), std::string::npos)
@@ -297,6 +297,42 @@ TEST(ReplayTool, TextReportOnTheDefaultTrace) {
   EXPECT_NE(r.out.find("peak live      19089979616 bytes"), std::string::npos) << r.out;
   for (const char* label : {"peak reserved", "ratio", "driver calls", "ns per op", "device"}) {
     EXPECT_NE(r.out.find(label), std::string::npos) << label << " missing in\n" << r.out;
+  }
+  EXPECT_NE(r.out.find("conf           defaults\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("CPU time on the simulated driver, not a GPU figure"), std::string::npos)
+      << r.out;
+  const ToolRun c = run_replay("--driver sim --conf reserve_slack:0.05 '" + shipped_trace() + "'");
+  EXPECT_NE(c.out.find("conf           reserve_slack:0.05\n"), std::string::npos) << c.out;
+}
+
+// The main job: no trace, every shipped trace in one table beside the peers.
+TEST(ReplayTool, WithoutATraceTheTableCoversEveryShippedTrace) {
+  const ToolRun r = run_replay("--driver sim --plot none");
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* t : {"gpt2_train", "resnet50_train", "bert_infer", "llama_generate"})
+    EXPECT_NE(r.out.find(std::string("\n") + t + " "), std::string::npos) << t << "\n" << r.out;
+  for (const char* label : {"PyTorch", "expandable", "cudaMallocAsync", "best peer", "driver calls",
+                            "1.948", "1.218", "1.004", "(simulated)", "not a GPU"})
+    EXPECT_NE(r.out.find(label), std::string::npos) << label << " missing in\n" << r.out;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);)
+    EXPECT_LE(line.size(), 110u) << "a line too long to read: " << line;
+  EXPECT_EQ(r.out.find("plot "), std::string::npos) << "--plot none draws nothing";
+}
+
+TEST(ReplayTool, WithoutATraceJsonIsOneObjectPerTrace) {
+  const ToolRun r = run_replay("--driver sim --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  test::Json json;
+  std::string why;
+  ASSERT_TRUE(test::JsonReader::parse(r.out, &json, &why)) << why << "\n" << r.out;
+  ASSERT_EQ(json.kind, test::Json::Kind::array);
+  ASSERT_EQ(json.items.size(), 4u);
+  for (const test::Json& t : json.items) {
+    for (const char* key : {"trace", "ratio", "driver_calls", "ns_per_op", "peers", "peak_live_bytes"})
+      EXPECT_NE(t.find(key), nullptr) << key;
+    ASSERT_NE(t.find("peers"), nullptr);
+    EXPECT_NE(t.find("peers")->find("torch_expandable"), nullptr);
   }
 }
 
@@ -343,6 +379,8 @@ TEST(ReplayTool, BadInputExitsOneWithAMessage) {
       {"--driver sim --conf nonsense_key:1", "--conf: "},
       {"--driver sim /nonexistent/x.trace", "cannot open: No such file or directory"},
       {"--driver sim " + bad, "bad trace: "},
+      {"--driver sim --timeline x.csv", "--timeline needs one TRACE"},
+      {"--plot=", "--plot needs a file name or none"},
   };
   for (const BadRun& c : cases) {
     SCOPED_TRACE(c.args);

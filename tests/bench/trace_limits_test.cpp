@@ -17,6 +17,7 @@
 #include "gvm/allocator.hpp"
 #include "gvm/vmm/sim_driver.hpp"
 #include "replay.hpp"
+#include "shipped_traces.hpp"
 #include "trace.hpp"
 
 namespace gvm::bench {
@@ -79,9 +80,9 @@ struct Limit {
   std::uint64_t max_fences;
 };
 
-class ShippedTrace : public ::testing::TestWithParam<Limit> {};
+class ShippedTraceLimit : public ::testing::TestWithParam<Limit> {};
 
-TEST_P(ShippedTrace, ReservesLessThanTheBestPeerWithinItsDriverBudget) {
+TEST_P(ShippedTraceLimit, ReservesLessThanTheBestPeerWithinItsDriverBudget) {
   const Limit& l = GetParam();
   const auto peers = best_peers();
   ASSERT_TRUE(peers.count(l.trace)) << l.trace << " missing in traces/peers.csv";
@@ -93,7 +94,7 @@ TEST_P(ShippedTrace, ReservesLessThanTheBestPeerWithinItsDriverBudget) {
   RecordProperty("driver_calls", std::to_string(r.driver_calls));
 }
 
-INSTANTIATE_TEST_SUITE_P(Sim, ShippedTrace,
+INSTANTIATE_TEST_SUITE_P(Sim, ShippedTraceLimit,
                          ::testing::Values(Limit{"gpt2_train", 430, 30},
                                            Limit{"bert_infer", 330, 100},
                                            Limit{"llama_generate", 80, 2}),
@@ -134,6 +135,38 @@ INSTANTIATE_TEST_SUITE_P(
                       Synthetic{"mixed", 1.25, 30},            // 1.20: random churn, fences guard
                       Synthetic{"streams4", 1.80, 35}),        // 3.45: four streams' churn
     [](const ::testing::TestParamInfo<Synthetic>& i) { return std::string(i.param.trace); });
+
+TEST(PeersCsv, TheShippedFileListsEveryTraceWithThreePeers) {
+  const auto traces = shipped_traces(GVM_SOURCE_DIR);
+  ASSERT_EQ(traces.size(), 4u);
+  for (const ShippedTrace& t : traces) {
+    EXPECT_TRUE(std::ifstream(t.path).good()) << t.path;
+    for (const PeerColumn& c : kPeerColumns) EXPECT_TRUE(t.peers.count(c.key)) << t.name << " " << c.key;
+  }
+}
+
+TEST(PeersCsv, BadLinesAreNamed) {
+  const std::string header = "trace,allocator,ratio,ns_per_op,measured\n";
+  auto error_of = [](const std::string& text) -> std::string {
+    try {
+      parse_peers_csv(text, "p.csv", "traces");
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error_of("trace,ratio\n").find("p.csv:1: expected the header"), std::string::npos);
+  EXPECT_NE(error_of(header + "gpt2,torch,x,,now\n").find("p.csv:2: expected a positive number, got 'x'"),
+            std::string::npos);
+  EXPECT_NE(error_of(header + "# only a comment\n").find("p.csv: no traces listed"), std::string::npos);
+  EXPECT_NE(error_of("# c\n" + header + "gpt2\n").find("p.csv:3: expected trace,allocator"),
+            std::string::npos);
+  const auto ok = parse_peers_csv(header + "a,torch,1.5,,x\na,cudaMallocAsync,1.25,900,y\n", "p.csv", "d");
+  ASSERT_EQ(ok.size(), 1u);
+  EXPECT_EQ(ok[0].path, "d/a.trace.gz");
+  EXPECT_FALSE(ok[0].peers.at("torch").ns_per_op.has_value());
+  EXPECT_EQ(*ok[0].peers.at("cudaMallocAsync").ns_per_op, 900.0);
+}
 
 }  // namespace
 }  // namespace gvm::bench
