@@ -1,6 +1,7 @@
 // gvm-replay: replays an allocation trace through gvm::Allocator and reports
 // peak live vs peak reserved bytes, driver calls and time per operation.
 // docs/replay.md explains every figure.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -44,12 +46,16 @@ using gvm::bench::TraceStreams;
 constexpr const char* kUsage =
     "usage: gvm-replay [--driver cuda|sim|auto] [--profile NAME] [--devices N]\n"
     "                  [--conf \"key:value,...\"] [--repeat N] [--json]\n"
-    "                  [--timeline FILE [--timeline-every N]] [--plot FILE|none] [TRACE]\n"
+    "                  [--timeline FILE [--timeline-every N]] [--plot FILE|none]\n"
+    "                  [TRACE | --snapshot SNAPSHOT.pickle]\n"
     "\n"
     "Without TRACE: replays every shipped trace (traces/peers.csv of the source tree)\n"
     "and prints gvmalloc's peak reserved / peak live beside the peers' recorded\n"
     "figures, its driver calls and its time per operation, and draws the table\n"
     "as a plot where python3 has matplotlib. With TRACE: that trace alone, in detail.\n"
+    "With --snapshot: a PyTorch memory snapshot with history (torch.cuda.memory.\n"
+    "_record_memory_history, then _dump_snapshot), converted by tools/snapshot_to_trace.py\n"
+    "and replayed, beside what PyTorch reserved in the same run.\n"
     "  --driver auto      the CUDA driver if one loads, else a simulated GPU (default)\n"
     "  --driver cuda|sim  only that driver\n"
     "  --profile NAME     simulated GPU: p40 v100 t4 a100 l4 h100 h200 b200 (default h200)\n"
@@ -67,6 +73,7 @@ struct Args : gvm::bench::ReplayArgs {
   std::optional<int> devices;
   std::string conf;
   std::string plot = "gvm-replay.png";
+  std::string snapshot;
 };
 
 Args parse_args(int argc, char** argv) {
@@ -83,6 +90,9 @@ Args parse_args(int argc, char** argv) {
       a.devices = static_cast<int>(gvm::bench::parse_count(flag, value(), 1, 64));
     } else if (flag == "--conf") {
       a.conf = value();
+    } else if (flag == "--snapshot") {
+      a.snapshot = value();
+      if (a.snapshot.empty()) throw ArgError("--snapshot needs a file name");
     } else if (flag == "--plot") {
       a.plot = value();
       if (a.plot.empty()) throw ArgError("--plot needs a file name or none");
@@ -154,6 +164,12 @@ void write_timeline(const std::string& path, const Trace& trace, std::size_t eve
   }
   out.flush();
   if (!out) throw std::runtime_error("--timeline: error writing " + path);
+}
+
+std::string fixed_percent(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * f);
+  return buf;
 }
 
 // The allocator's config as the keys that differ from the defaults.
@@ -240,9 +256,82 @@ Measurement measure(const Trace& trace, gvm::vmm::Driver& driver, const gvm::Con
   return m;
 }
 
+// What tools/snapshot_to_trace.py said about the snapshot (its --summary).
+struct SnapshotSummary {
+  std::string snapshot;
+  std::map<std::string, std::string> fields;
+  std::string get(const std::string& k) const {
+    auto it = fields.find(k);
+    return it == fields.end() ? "" : it->second;
+  }
+};
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Converts the snapshot to a temporary trace; the converter's own message on failure.
+SnapshotSummary convert_snapshot(const std::string& snapshot, std::string* trace_path) {
+  const std::string script = std::string(GVM_SOURCE_DIR) + "/tools/snapshot_to_trace.py";
+  if (!std::ifstream(script).good())
+    throw std::runtime_error("--snapshot: " + script + " is not there");
+  if (!std::ifstream(snapshot).good())
+    throw std::runtime_error("--snapshot: cannot open " + snapshot + ": " + std::strerror(errno));
+  char dir[] = "/tmp/gvm-snapshot-XXXXXX";
+  if (mkdtemp(dir) == nullptr)
+    throw std::runtime_error(std::string("--snapshot: no temporary folder: ") + std::strerror(errno));
+  const std::string d = dir;
+  *trace_path = d + "/snapshot.trace.gz";
+  const std::string summary = d + "/summary.txt";
+  const std::string cmd = "python3 " + shell_quote(script) + " " + shell_quote(snapshot) + " -o " +
+                          shell_quote(*trace_path) + " --summary " + shell_quote(summary) + " 2>&1";
+  std::string said;
+  int status = -1;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, p) != nullptr) said += buf;
+    status = pclose(p);
+  }
+  SnapshotSummary s;
+  s.snapshot = snapshot;
+  std::ifstream in(summary);
+  for (std::string line; std::getline(in, line);)
+    if (auto eq = line.find('='); eq != std::string::npos) s.fields[line.substr(0, eq)] = line.substr(eq + 1);
+  std::remove(summary.c_str());
+  if (status != 0 || s.fields.empty()) {
+    std::remove(trace_path->c_str());
+    ::rmdir(dir);
+    while (!said.empty() && said.back() == '\n') said.pop_back();
+    const std::string prefix = "snapshot_to_trace: ";
+    if (said.rfind(prefix, 0) == 0) said = said.substr(prefix.size());
+    throw std::runtime_error("--snapshot: " +
+                             (said.empty() ? std::string("python3 could not run ") + script : said));
+  }
+  // Notes of the converter (a late start of the recording) go to stderr.
+  std::istringstream lines(said);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("note: ", 0) == 0) std::cerr << "gvm-replay: " << line << "\n";
+  return s;
+}
+
 int run_one(const Args& a) {
   const gvm::Config config = config_of(a);
-  const Trace trace = gvm::bench::read_trace(a.trace);
+  std::optional<SnapshotSummary> snap;
+  std::string trace_path = a.trace;
+  if (!a.snapshot.empty()) snap = convert_snapshot(a.snapshot, &trace_path);
+  struct Cleanup {
+    const std::optional<SnapshotSummary>& snap;
+    const std::string& path;
+    ~Cleanup() {
+      if (!snap) return;
+      std::remove(path.c_str());
+      ::rmdir(path.substr(0, path.find_last_of('/')).c_str());
+    }
+  } cleanup{snap, trace_path};
+  Trace trace = gvm::bench::read_trace(trace_path);
+  if (snap) trace.source = a.snapshot + " (its history as a trace)";
   DriverChoice choice = choose_driver(a);
   gvm::vmm::Driver& driver = *choice.driver;
   constexpr int kDevice = 0;
@@ -270,7 +359,14 @@ int run_one(const Args& a) {
     o << "],\"repeat\":" << a.repeat << ",\"driver\":" << json_string(driver.name())
       << ",\"driver_detail\":" << json_string(choice.description)
       << ",\"device\":" << json_string(m.device_name)
-      << ",\"conf\":" << json_string(m.effective_conf) << "}\n";
+      << ",\"conf\":" << json_string(m.effective_conf);
+    if (snap) {
+      o << ",\"snapshot\":" << json_string(snap->snapshot)
+        << ",\"pytorch_allocator\":" << json_string(snap->get("pytorch_allocator"))
+        << ",\"pytorch_peak_reserved_bytes\":"
+        << (snap->get("pytorch_peak_reserved_bytes").empty() ? "null" : snap->get("pytorch_peak_reserved_bytes"));
+    }
+    o << "}\n";
   } else {
     o << "trace          " << trace.source << "\n"
       << "driver         " << choice.description << "\n"
@@ -291,6 +387,28 @@ int run_one(const Args& a) {
     }
     if (simulated) o << " - CPU time on the simulated driver, not a GPU figure";
     o << "\n";
+    if (snap) {
+      o << "snapshot       " << snap->snapshot << ", device " << snap->get("device")
+        << " (converted by tools/snapshot_to_trace.py)\n";
+      const std::string pt = snap->get("pytorch_peak_reserved_bytes");
+      if (pt.empty()) {
+        o << "PyTorch        no segment events in the history: its reserved bytes are unknown\n";
+      } else {
+        const double pytorch = std::stod(pt);
+        const double ours = static_cast<double>(memory.peak_reserved_bytes);
+        o << "PyTorch        peak reserved " << pt << " bytes (" << gib(static_cast<std::uint64_t>(pytorch))
+          << ") in the recorded run, " << pytorch / static_cast<double>(memory.peak_live_bytes)
+          << " reserved / live (" << snap->get("pytorch_allocator") << ")\n";
+        if (ours <= pytorch) {
+          o << "saving         gvmalloc reserves " << static_cast<std::uint64_t>(pytorch - ours)
+            << " bytes (" << gib(static_cast<std::uint64_t>(pytorch - ours)) << ", "
+            << fixed_percent((pytorch - ours) / pytorch) << ") less at the peak\n";
+        } else {
+          o << "saving         none: gvmalloc reserves " << static_cast<std::uint64_t>(ours - pytorch)
+            << " bytes more at the peak\n";
+        }
+      }
+    }
   }
   std::cout << o.str() << std::flush;
   return 0;
@@ -437,7 +555,11 @@ int run_table(const Args& a) {
   return 0;
 }
 
-int run(const Args& a) { return a.trace.empty() ? run_table(a) : run_one(a); }
+int run(const Args& a) {
+  if (!a.snapshot.empty() && !a.trace.empty())
+    throw ArgError("give a TRACE or --snapshot, not both");
+  return a.trace.empty() && a.snapshot.empty() ? run_table(a) : run_one(a);
+}
 
 }  // namespace
 

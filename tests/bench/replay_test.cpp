@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -334,6 +335,45 @@ TEST(ReplayTool, WithoutATraceJsonIsOneObjectPerTrace) {
     ASSERT_NE(t.find("peers"), nullptr);
     EXPECT_NE(t.find("peers")->find("torch_expandable"), nullptr);
   }
+}
+
+// --snapshot: a PyTorch memory snapshot (the one PyTorch 2.11 wrote on an H200,
+// tests/python/data) converted by tools/snapshot_to_trace.py and replayed, beside
+// what PyTorch reserved in the same run.
+TEST(ReplayTool, SnapshotIsReplayedBesideWhatPyTorchReserved) {
+  if (std::system("python3 -c 1 >/dev/null 2>&1") != 0) GTEST_SKIP() << "python3 not found (the converter is Python)";
+  const std::string snap = std::string(GVM_SOURCE_DIR) + "/tests/python/data/small_snapshot.pickle";
+  const ToolRun r = run_replay("--driver sim --snapshot '" + snap + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("events         221 (115 allocations, 106 frees)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("peak live      75845720 bytes"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("PyTorch        peak reserved 115343360 bytes"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("expandable_segments off"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("saving         gvmalloc reserves "), std::string::npos) << r.out;
+  const ToolRun j = run_replay("--driver sim --json --snapshot '" + snap + "'");
+  ASSERT_EQ(j.status, 0) << j.err;
+  test::Json json;
+  std::string why;
+  ASSERT_TRUE(test::JsonReader::parse(j.out, &json, &why)) << why << "\n" << j.out;
+  ASSERT_NE(json.find("pytorch_peak_reserved_bytes"), nullptr);
+  EXPECT_EQ(json.find("pytorch_peak_reserved_bytes")->as_u64(), 115343360u);
+}
+
+TEST(ReplayTool, SnapshotsThatCannotBeUsedSayWhy) {
+  if (std::system("python3 -c 1 >/dev/null 2>&1") != 0) GTEST_SKIP() << "python3 not found (the converter is Python)";
+  const std::string junk = temp_path("junk.pickle");
+  std::ofstream(junk) << "junk";
+  ToolRun r = run_replay("--driver sim --snapshot '" + junk + "'");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("not a PyTorch memory snapshot"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  r = run_replay("--driver sim --snapshot /nonexistent/x.pickle");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("cannot open /nonexistent/x.pickle"), std::string::npos) << r.err;
+  r = run_replay("--driver sim --snapshot x.pickle x.trace");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("give a TRACE or --snapshot, not both"), std::string::npos) << r.err;
+  std::remove(junk.c_str());
 }
 
 // --driver auto takes the real driver when one loads; otherwise it says so on
