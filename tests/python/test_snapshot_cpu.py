@@ -192,7 +192,9 @@ class RecordTraceWithoutTorch(unittest.TestCase):
         self.assertIn("needs PyTorch", str(cm.exception))
 
 
-PAIR = os.path.join(DATA, "paired_snapshot.pickle"), os.path.join(DATA, "paired_record.trace.gz")
+# GVM_SNAPSHOT_PAIR_DIR: where tools/gpu-snapshot-pair.sh just wrote them (it runs this test).
+PAIR_DIR = os.environ.get("GVM_SNAPSHOT_PAIR_DIR", DATA)
+PAIR = os.path.join(PAIR_DIR, "paired_snapshot.pickle"), os.path.join(PAIR_DIR, "paired_record.trace.gz")
 
 
 @unittest.skipUnless(all(os.path.exists(p) for p in PAIR),
