@@ -1,7 +1,8 @@
 // MappingLogDriver: another Driver seen through a log of what is mapped.
 //
-// Every call goes to the inner driver unchanged; a cuMemMap that succeeds
-// adds its range to the log and a cuMemUnmap that succeeds removes it. The
+// Every call goes to the inner driver unchanged; a cuMemMap (or, without VMM,
+// a cuMemAlloc) that succeeds adds its range to the log and a cuMemUnmap (or
+// cuMemFree) that succeeds removes it. The
 // log is the allocator's chunks (one mapping per cuMemCreate handle), which
 // Allocator::memory_map merges into segments: gvm-excess needs them to tell a
 // hole inside a chunk that holds live blocks from a chunk that is wholly free.
@@ -96,11 +97,16 @@ class MappingLogDriver final : public vmm::Driver {
                                  vmm::PhysHandle* handle) override {
     GVM_FWD(import_shareable_handle, shareable, type, handle);
   }
+  // Without VMM a chunk is a cuMemAlloc segment.
   Result mem_alloc(int device, std::size_t size, vmm::DevicePtr* addr) override {
-    GVM_FWD(mem_alloc, device, size, addr);
+    const Result r = inner_.mem_alloc(device, size, addr);
+    if (r == Result::success) mapped_[*addr] = size;
+    return r;
   }
   Result mem_free(int device, vmm::DevicePtr addr) override {
-    GVM_FWD(mem_free, device, addr);
+    const Result r = inner_.mem_free(device, addr);
+    if (r == Result::success) mapped_.erase(addr);
+    return r;
   }
   Result stream_create(int device, vmm::StreamHandle* stream) override {
     GVM_FWD(stream_create, device, stream);
