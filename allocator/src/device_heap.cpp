@@ -1,25 +1,13 @@
-// DeviceHeap: regions, large blocks, stream order. See device_heap.hpp.
+// DeviceHeap: one device's heaps and the services they share (device_heap.hpp).
 #include "device_heap.hpp"
 
 #include <algorithm>
-#include <cinttypes>
 #include <cstdio>
 #include <string>
 
 #include "gvm/errors.hpp"
 
 namespace gvm::detail {
-namespace {
-
-constexpr std::size_t round_up(std::size_t x, std::size_t a) noexcept { return (x + a - 1) / a * a; }
-
-std::string hex(std::uintptr_t p) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%" PRIxPTR, p);
-  return buf;
-}
-
-}  // namespace
 
 std::string format_bytes(std::size_t n) {
   char buf[64];
@@ -35,532 +23,433 @@ std::string format_bytes(std::size_t n) {
 }
 
 DeviceHeap::DeviceHeap(vmm::Driver& driver, const vmm::DeviceCaps& caps, const Config& config,
-                       Fence& fence, Kind kind, std::vector<vmm::AccessDesc> access,
-                       std::atomic<std::size_t>& device_reserved)
+                       AccessTracker& tracker, StreamRegistry& streams, bool use_vmm)
     : driver_(driver),
       caps_(caps),
       config_(config),
-      fence_(fence),
-      kind_(kind),
-      access_(std::move(access)),
-      vmm_(caps.vmm && !config.force_no_vmm),
-      // A span is one granule with at least two slots.
-      small_max_(kind == Kind::arena ? std::min(config.small_block_max_bytes, kGranule / 2) : 0),
-      device_reserved_(device_reserved) {}
-
-void DeviceHeap::add_reserved(std::size_t n) noexcept {
-  reserved_ += n;
-  peak_reserved_ = std::max(peak_reserved_, reserved_);
-  device_reserved_.fetch_add(n);
-}
-
-void DeviceHeap::sub_reserved(std::size_t n) noexcept {
-  reserved_ -= n;
-  device_reserved_.fetch_sub(n);
-}
+      tracker_(tracker),
+      streams_(streams),
+      backing_(use_vmm ? make_vmm_backing(driver, caps, config) : make_classic_backing(driver, caps)),
+      policy_(config, caps.total_memory) {}
 
 DeviceHeap::~DeviceHeap() {
-  // The owner (Allocator::Impl) has fenced every device: unmap.
-  for (auto& c : chunks_) {
-    if (!c.in_use) continue;
-    if (vmm_) {
-      (void)c.mem.reset();
-    } else {
-      (void)driver_.mem_free(device(), c.classic);
-    }
+  // Heaps unmap what they hold as they go; the owner fenced every device.
+  std::lock_guard<SpinLock> guard(list_lock_);
+  list_.clear();
+}
+
+// ----------------------------------------------------------------- heaps --
+
+Heap& DeviceHeap::add_heap(std::unique_ptr<Heap> h) {
+  Heap* p = h.get();
+  heaps_.push_back(std::move(h));
+  std::lock_guard<SpinLock> guard(list_lock_);
+  list_.push_back(p);
+  return *p;
+}
+
+std::vector<Heap*> DeviceHeap::heaps() const {
+  std::lock_guard<SpinLock> guard(list_lock_);
+  return list_;
+}
+
+Heap& DeviceHeap::heap_for(StreamState& s) {
+  std::lock_guard<std::mutex> guard(heaps_mu_);
+  if (auto it = by_stream_.find(&s); it != by_stream_.end()) return *it->second;
+  // A retired stream whose work is all done leaves a heap nothing of it
+  // waits on: the new stream takes it (its cached memory and spans).
+  for (auto it = by_stream_.begin(); it != by_stream_.end(); ++it) {
+    if (!it->first->complete()) continue;
+    Heap* h = it->second;
+    by_stream_.erase(it);
+    h->adopt(s);
+    by_stream_.emplace(&s, h);
+    return *h;
   }
-  chunks_.clear();
-  regions_.clear();  // frees the reservations
+  const bool first = by_stream_.empty() && std::none_of(heaps_.begin(), heaps_.end(), [](const auto& h) {
+                       return h->kind() == Heap::Kind::stream;
+                     });
+  Heap& h = add_heap(std::make_unique<Heap>(*this, Heap::Kind::stream, &s, 0, first));
+  by_stream_.emplace(&s, &h);
+  return h;
 }
 
-// ---------------------------------------------------------------- free set --
-
-void DeviceHeap::insert_free(Block* b) { free_.insert(b); }
-
-void DeviceHeap::erase_free(Block* b) { free_.erase(b); }
-
-bool DeviceHeap::range_mapped(std::uintptr_t addr, std::size_t size) const {
-  if (!vmm_) return true;
-  for (std::uintptr_t g = addr & ~(kGranule - 1); g < addr + size;) {
-    const PageEntry* e = pages_.find(g);
-    const std::uint32_t c = e == nullptr ? 0 : e->chunk;
-    if (c == 0) return false;
-    g = chunks_[c - 1].addr + chunks_[c - 1].size;  // hop over the chunk
-  }
-  return true;
+Heap& DeviceHeap::scratch(const std::vector<vmm::AccessDesc>& access) {
+  if (Heap* h = existing_scratch(); h != nullptr) return *h;
+  std::lock_guard<std::mutex> guard(heaps_mu_);
+  if (Heap* h = existing_scratch(); h != nullptr) return *h;
+  auto h = std::make_unique<Heap>(*this, Heap::Kind::scratch, nullptr, 0, false);
+  h->set_access_list(access);
+  Heap& ref = add_heap(std::move(h));
+  scratch_.store(&ref, std::memory_order_release);
+  return ref;
 }
 
-Block* DeviceHeap::find_fit(std::size_t size, std::size_t alignment, vmm::StreamHandle stream) {
-  Block probe;
-  probe.size = size;
-  probe.addr = 0;
-  auto it = free_.lower_bound(&probe);
-  // Among the few best fits, one last used by `stream` alone wins: a stream
-  // reuses its own memory without waiting for another (like PyTorch's
-  // per-stream pools, without closing the pool to the others). Untouched
-  // blocks get no preference: they are mostly the unmapped rest of the
-  // arena, and a wait for another stream costs less than growing.
-  //
-  // But never at the price of growing: an own block that would need memory
-  // mapped loses to a best fit that is mapped already (a block used by a
-  // side stream next to the main stream's unmapped tail grew the arena by
-  // 48 MiB while a mapped 976 MiB hole of both streams waited: 3.79
-  // reserved/live on tools/synth_traces.py's side_stream trace).
-  auto own = [&](const Block* b) { return !b->tags.empty() && b->tags.only(stream); };
-  constexpr int kLook = 8;
-  if (alignment <= kBlockAlignment) {
-    if (it == free_.end()) return nullptr;
-    Block* best = *it;
-    int best_mapped = -1;  // not looked at yet
-    for (int k = 0; it != free_.end() && k < kLook; ++it, ++k) {
-      if (!own(*it)) continue;
-      if (*it == best) return best;
-      if (best_mapped < 0) best_mapped = range_mapped(best->addr, size) ? 1 : 0;
-      if (best_mapped == 0 || range_mapped((*it)->addr, size)) return *it;
-    }
-    return best;
-  }
-  auto fits = [&](const Block* b) { return round_up(b->addr, alignment) + size <= b->end(); };
-  // Aligned requests (spans) are rare: look at a few of the best fits, then
-  // at the largest block, which is the unmapped rest of the arena.
-  Block* first = nullptr;
-  for (int scanned = 0; it != free_.end() && scanned < 64; ++it, ++scanned) {
-    if (!fits(*it)) continue;
-    if (own(*it)) return *it;
-    if (first == nullptr) first = *it;
-  }
-  if (first != nullptr) return first;
-  if (!free_.empty() && fits(*free_.rbegin())) return *free_.rbegin();
-  return nullptr;
+Heap& DeviceHeap::pool(std::uint64_t id) {
+  std::lock_guard<std::mutex> guard(heaps_mu_);
+  if (auto it = pools_.find(id); it != pools_.end()) return *it->second;
+  Heap& h = add_heap(std::make_unique<Heap>(*this, Heap::Kind::pool, nullptr, id, false));
+  pools_.emplace(id, &h);
+  return h;
 }
 
-Block* DeviceHeap::split_to(Block* b, std::uintptr_t at, std::size_t size) {
-  auto split_after = [&](Block* x, std::size_t keep) {
-    Block* n = blocks_.make();
-    n->addr = x->addr + keep;
-    n->size = x->size - keep;
-    n->region = x->region;
-    n->free = true;
-    n->tags = x->tags;
-    n->prev = x;
-    n->next = x->next;
-    if (x->next != nullptr) x->next->prev = n;
-    x->next = n;
-    x->size = keep;
-    return n;
-  };
-  if (at > b->addr) {
-    Block* rest = split_after(b, at - b->addr);
-    insert_free(b);  // the head stays free
-    b = rest;
-  }
-  if (b->size > size) insert_free(split_after(b, size));
-  return b;
+Heap* DeviceHeap::existing_pool(std::uint64_t id) const {
+  std::lock_guard<std::mutex> guard(heaps_mu_);
+  auto it = pools_.find(id);
+  return it == pools_.end() ? nullptr : it->second;
 }
 
-Block* DeviceHeap::take_free(std::size_t size, std::size_t alignment, vmm::StreamHandle stream) {
-  Block* b = find_fit(size, alignment, stream);
-  if (b == nullptr) return nullptr;
-  erase_free(b);
-  return split_to(b, round_up(b->addr, alignment), size);
-}
+// ---------------------------------------------------------------- growth --
 
-// ------------------------------------------------------------------ regions --
-
-std::size_t DeviceHeap::reserve_cap() const noexcept {
-  std::size_t cap = config_.max_reserved_bytes;
-  if (config_.memory_fraction > 0.0) {
-    const auto by_fraction =
-        static_cast<std::size_t>(config_.memory_fraction * static_cast<double>(caps_.total_memory));
-    if (cap == 0 || by_fraction < cap) cap = by_fraction;
-  }
-  return cap;
-}
-
-void DeviceHeap::add_region(std::size_t min_bytes, std::size_t alignment,
-                            std::size_t requested) {
-  auto rec = std::make_unique<RegionRec>();
-  Region& r = rec->region;
-  r.vmm = vmm_;
-  if (vmm_) {
-    std::size_t size = kind_ == Kind::scratch ? config_.scratch_arena_bytes : config_.arena_bytes;
-    if (size == 0) size = (kind_ == Kind::scratch ? 1 : 4) * caps_.total_memory;
-    size = std::max(round_up(size, std::size_t{1} << 30), round_up(min_bytes + alignment, kGranule));
-    rec->va = vmm::ReservedRange(driver_, size, kGranule);
-    r.base = rec->va.base();
-    r.size = rec->va.size();
-  } else {
-    // No VMM: a region is one cuMemAlloc segment, mapped as a whole.
-    std::size_t size = round_up(min_bytes, kGranule);
-    const std::size_t cap = reserve_cap();
-    if (cap != 0 && device_reserved() + size > cap)
-      release_cached(device_reserved() + size - cap, false);
-    if (config_.reserve_slack >= 0.0) {
-      // The same bound as the VMM path (ensure_mapped), by whole segments.
-      const double live_after = static_cast<double>(live_total()) +
-                                static_cast<double>(min_bytes);
-      const auto bound = static_cast<std::size_t>(live_after * (1.0 + config_.reserve_slack));
-      if (reserved_ + size > bound) release_cached(reserved_ + size - bound, false);
-    }
-    if (cap != 0 && device_reserved() + size > cap) throw_oom(requested, "the reserved-bytes cap");
-    vmm::DevicePtr p = 0;
-    vmm::Result res = driver_.mem_alloc(device(), size, &p);
-    if (res == vmm::Result::out_of_memory) {
-      ++oom_retries_;
-      release_cached(0, true);
-      res = driver_.mem_alloc(device(), size, &p);
-      if (res == vmm::Result::out_of_memory) throw_oom(requested, "the device");
-    }
-    if (res != vmm::Result::success)
-      throw vmm::DriverError(res, "cuMemAlloc(device " + std::to_string(device()) + ", " +
-                                      std::to_string(size) + " bytes)");
-    if (p % alignment != 0) {
-      // Spans need granule alignment; cuMemAlloc gives it for whole granules
-      // in practice, but the API promises only 256 bytes.
-      (void)driver_.mem_free(device(), p);
-      size += alignment;
-      res = driver_.mem_alloc(device(), size, &p);
-      if (res != vmm::Result::success) {
-        if (res == vmm::Result::out_of_memory) throw_oom(requested, "the device");
-        throw vmm::DriverError(res, "cuMemAlloc(device " + std::to_string(device()) + ")");
-      }
-    }
-    std::uint32_t idx;
-    if (!free_chunk_slots_.empty()) {
-      idx = free_chunk_slots_.back();
-      free_chunk_slots_.pop_back();
-    } else {
-      idx = static_cast<std::uint32_t>(chunks_.size());
-      chunks_.emplace_back();
-    }
-    ChunkRec& c = chunks_[idx];
-    c.classic = p;
-    c.addr = p;
-    c.size = size;
-    c.in_use = true;
-    c.streams.clear();
-    c.live = 0;
-    rec->classic_chunk = idx + 1;
-    r.base = p;
-    r.size = size;
-    add_reserved(size);
-    ++chunks_mapped_;
-  }
-  if (!PageMap::in_range(r.base + r.size - 1))
-    throw vmm::DriverError(vmm::Result::invalid_value,
-                           "gvmalloc: the driver returned address range " + hex(r.base) +
-                               " beyond the 49-bit space the page map covers; reserve at");
-  Block* b = blocks_.make();
-  b->addr = r.base;
-  b->size = r.size;
-  b->region = &r;
-  b->free = true;
-  r.first = b;
-  insert_free(b);
-  r.index = regions_.size();  // now: releasing cached segments above may have renumbered
-  regions_.push_back(std::move(rec));
-}
-
-// ------------------------------------------------------------ stream order --
-
-void DeviceHeap::note_stream(vmm::StreamHandle stream) {
-  for (auto s : streams_seen_)
-    if (s == stream) return;
-  streams_seen_.push_back(stream);
-}
-
-void DeviceHeap::order_after(const StreamTags& tags, vmm::StreamHandle stream) {
-  if (tags.only(stream)) return;
-  bool device_synced = false;
-  auto wait_for = [&](vmm::StreamHandle s) {
-    if (s == stream || device_synced) return;
-    // Recording on S and waiting on T orders T's next work after everything
-    // S had queued, which includes every use of the block: no host sync. The
-    // event may be re-recorded at once: a wait captures its state when issued.
-    vmm::Result r = vmm::Result::success;
-    if (order_event_.empty()) {
-      try {
-        order_event_ = vmm::Event(driver_, device());
-      } catch (const vmm::DriverError& e) {
-        r = e.result();
-      }
-    }
-    if (r == vmm::Result::success) r = order_event_.record(s);
-    if (r == vmm::Result::success) r = order_event_.wait_on(stream);
-    if (r != vmm::Result::success) {
-      // S is gone (a stream its owner destroyed is an invalid handle, and
-      // its work may still be queued), is a peer device's stream (recorded
-      // on the block; our event cannot be recorded there), or the event
-      // failed: wait for every device on the host instead, as the fence
-      // does. Rare and slow.
-      r = vmm::Result::success;
-      for (std::size_t d = 0; d < caps_.can_access_peer.size() && r == vmm::Result::success; ++d)
-        r = driver_.ctx_synchronize(static_cast<int>(d));
-      device_synced = r == vmm::Result::success;
-    }
-    if (r != vmm::Result::success)
-      // Only the fallback's sync can fail here: name it.
-      throw vmm::DriverError(r, "cuCtxSynchronize in the stream-order wait on device " +
-                                    std::to_string(device()));
-    ++cross_stream_waits_;
-  };
-  if (tags.all()) {
-    for (auto s : streams_seen_) wait_for(s);
-  } else {
-    for (int i = 0; i < tags.size(); ++i) wait_for(tags[i]);
-  }
-}
-
-// ----------------------------------------------------------- large blocks --
-
-void DeviceHeap::link_start(Block* b) {
-  PageEntry& e = pages_.at(b->addr);
-  b->page_next = e.starts;
-  e.starts = b;
-}
-
-void DeviceHeap::unlink_start(Block* b) {
-  PageEntry& e = pages_.at(b->addr);
-  for (Block** p = &e.starts; *p != nullptr; p = &(*p)->page_next) {
-    if (*p == b) {
-      *p = b->page_next;
-      b->page_next = nullptr;
-      return;
-    }
-  }
-}
-
-Block* DeviceHeap::find_start(std::uintptr_t addr) const {
-  const PageEntry* e = pages_.find(addr);
-  if (e == nullptr) return nullptr;
-  for (Block* b = e->starts; b != nullptr; b = b->page_next)
-    if (b->addr == addr) return b;
-  return nullptr;
-}
-
-void DeviceHeap::tag_chunks(const Block* b, vmm::StreamHandle stream) {
-  for_each_chunk(b, [&](std::uint32_t c) { chunks_[c].streams.add(stream); });
-}
-
-Block* DeviceHeap::allocate_block(std::size_t size, std::size_t alignment,
-                                  vmm::StreamHandle stream, std::size_t requested) {
-  note_stream(stream);
-  Block* b = take_free(size, alignment, stream);
-  if (b == nullptr) {
-    add_region(size, alignment, requested);
-    b = take_free(size, alignment, stream);
-    if (b == nullptr) throw_oom(requested, "address space");
-  }
-  auto give_back = [&] {
-    b->free = true;
-    free_block(b, nullptr);
-  };
-  try {
-    // Memory that is not mapped has no work pending on it (every unmap is
-    // behind the fence): a block carved from the unmapped part of a free
-    // block needs no wait, whatever streams merged into that free block.
-    if (!unmapped(b)) order_after(b->tags, stream);
-  } catch (...) {
-    give_back();
-    throw;
-  }
-  b->free = false;
-  b->span = nullptr;
-  b->stream = stream;
-  b->requested = requested;
-  b->tags.clear();
-  try {
-    commit(b);
-  } catch (...) {
-    // Never handed out, but `stream` already waited for every earlier user:
-    // the next taker waits for `stream` (free_block tags it).
-    free_block(b, stream);
-    throw;
-  }
-  tag_chunks(b, stream);
-  return b;
-}
-
-bool DeviceHeap::unmapped(const Block* b) const {
-  if (!vmm_) return false;
-  for (std::uintptr_t g = b->addr & ~(kGranule - 1); g < b->end(); g += kGranule) {
-    const PageEntry* e = pages_.find(g);
-    if (e != nullptr && e->chunk != 0) return false;
-  }
-  return true;
-}
-
-void DeviceHeap::commit(Block* b) {
-  // Count the block on the chunks already under it (so nothing below can
-  // release them), then map what is missing: those chunks start at one.
-  for_each_chunk(b, [&](std::uint32_t c) { ++chunks_[c].live; });
-  if (!vmm_) {
-    ++large_hits_;
-    return;
-  }
-  try {
-    ensure_mapped(b);
-  } catch (...) {
-    uncommit(b);
-    throw;
-  }
-}
-
-void DeviceHeap::uncommit(Block* b) {
-  for_each_chunk(b, [&](std::uint32_t c) { --chunks_[c].live; });
-}
-
-void DeviceHeap::free_block(Block* b, vmm::StreamHandle stream) {
-  // b is not in free_. An allocated block is tagged with the streams that
-  // may still run on it - the legacy stream (nullptr) is one like any other:
-  // streams from cuStreamCreate do not wait for it. A block handed back
-  // untouched (b->free already set) keeps the tags it had. Then merge.
-  if (!b->free) {
-    b->tags.add(b->stream);
-    if (stream != b->stream) b->tags.add(stream);
-  }
-  b->free = true;
-  // A merge can widen the tags, which can make the other neighbour
-  // mergeable (mergeable is not transitive): look again until neither is.
-  for (bool merged = true; merged;) {
-    merged = false;
-    if (Block* n = b->next; n != nullptr && n->free && mergeable(b->tags, n->tags)) {
-      erase_free(n);
-      b->size += n->size;
-      b->tags.merge(n->tags);
-      b->next = n->next;
-      if (n->next != nullptr) n->next->prev = b;
-      blocks_.recycle(n);
-      merged = true;
-    }
-    if (Block* p = b->prev; p != nullptr && p->free && mergeable(p->tags, b->tags)) {
-      erase_free(p);
-      p->size += b->size;
-      p->tags.merge(b->tags);
-      p->next = b->next;
-      if (b->next != nullptr) b->next->prev = p;
-      blocks_.recycle(b);
-      b = p;
-      merged = true;
-    }
-  }
-  insert_free(b);
-}
-
-void* DeviceHeap::allocate_large(std::size_t bytes, vmm::StreamHandle stream) {
-  const std::size_t size = round_up(bytes, kBlockAlignment);
-  bool spans_reclaimed = false;
-  for (int attempt = 0;; ++attempt) {
+std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run>& runs,
+                                                  std::size_t need, std::size_t requested) {
+  const bool arena = h.kind() != Heap::Kind::scratch;
+  const auto live_after =
+      static_cast<std::size_t>(std::max<std::int64_t>(0, live_total())) + requested;
+  const GrowthPlan plan = policy_.plan(need, reserved(), live_after,
+                                       static_cast<std::size_t>(peak_live_.load()), arena);
+  if (plan.release != 0) {
     try {
-      std::lock_guard<std::mutex> guard(lock_);
-      struct Clear {
-        bool& flag;
-        ~Clear() { flag = false; }
-      } clear{reclaim_spans_first_};
-      reclaim_spans_first_ = !spans_reclaimed;
-      Block* b = allocate_block(size, kBlockAlignment, stream, bytes);
-      link_start(b);
-      large_live_ += size;
-      ++large_allocations_;
-      large_live_bytes_.store(large_live_bytes_.load(std::memory_order_relaxed) +
-                                  static_cast<std::int64_t>(size),
-                              std::memory_order_relaxed);
-      refresh_peak();
-      return reinterpret_cast<void*>(b->addr);
-    } catch (const ReclaimSpans&) {
-      // Nothing was changed; the lock is released. Once per allocation.
-      spans_reclaimed = true;
-      reclaim_spans();
-      --attempt;
-    } catch (const out_of_memory&) {
-      // Empty spans kept by the stream caches are cached memory too, but the
-      // OOM path runs under the device lock and cannot take the caches'
-      // locks: give them back here, with no lock held, and try once more.
-      if (attempt > 0 || reclaim_spans() == 0) throw;
+      // The slack bound gives back arena memory only; the cap counts the
+      // scratch too (docs/design-notes.md).
+      (void)release_cached(plan.release, false, /*include_scratch=*/!plan.slack);
+    } catch (const vmm::DriverError&) {
+      if (!plan.slack) throw;
     }
+  }
+  const std::size_t cap = policy_.cap();
+  const std::size_t chunk = std::max(
+      h.kind() == Heap::Kind::scratch ? config_.scratch_chunk_bytes : config_.max_chunk_bytes,
+      kGranule);
+  auto map_all = [&] {
+    std::vector<vmm::MappedChunk> all;
+    for (const auto& r : runs) {
+      std::vector<vmm::MappedChunk> part = backing_->map(r.first, r.second, chunk, h.access());
+      for (auto& m : part) all.push_back(std::move(m));
+    }
+    return all;
+  };
+  // In transit (before the charge: the checker reads the budget, then this)
+  // until the heap installs the chunks (Heap::map_under).
+  transit(static_cast<std::int64_t>(need));
+  if (!budget_.charge(need, cap)) {
+    transit(-static_cast<std::int64_t>(need));
+    throw_oom(requested, "the reserved-bytes cap");
+  }
+  try {
+    return map_all();
+  } catch (const vmm::DriverError& e) {
+    budget_.credit(need);
+    transit(-static_cast<std::int64_t>(need));
+    if (e.result() != vmm::Result::out_of_memory) throw;
+  }
+  // Out of memory: fence, return every cached chunk of the device (empty
+  // spans first), try once more.
+  oom_retries_.fetch_add(1, std::memory_order_relaxed);
+  reclaim_for_oom();
+  (void)release_cached(0, true, true);
+  transit(static_cast<std::int64_t>(need));
+  if (!budget_.charge(need, cap)) {
+    transit(-static_cast<std::int64_t>(need));
+    throw_oom(requested, "the reserved-bytes cap");
+  }
+  try {
+    return map_all();
+  } catch (const vmm::DriverError& e) {
+    budget_.credit(need);
+    transit(-static_cast<std::int64_t>(need));
+    if (e.result() == vmm::Result::out_of_memory) throw_oom(requested, "the device");
+    throw;
   }
 }
 
-bool DeviceHeap::owns(std::uintptr_t addr) const noexcept {
-  std::lock_guard<std::mutex> guard(lock_);
-  for (const auto& r : regions_)
-    if (addr - r->region.base < r->region.size) return true;
-  return false;
+vmm::ReservedRange DeviceHeap::reserve_for(Heap& h, std::size_t min_bytes, std::size_t alignment) {
+  RegionKind kind = RegionKind::stream_arena;
+  if (h.kind() == Heap::Kind::scratch) kind = RegionKind::scratch;
+  if (h.kind() == Heap::Kind::pool) kind = RegionKind::pool;
+  if (h.first()) kind = RegionKind::first_arena;
+  return backing_->reserve(min_bytes, alignment, kind);
+}
+
+vmm::DevicePtr DeviceHeap::segment_for(Heap& h, std::size_t* bytes, std::size_t alignment,
+                                       std::size_t requested) {
+  const bool arena = h.kind() != Heap::Kind::scratch;
+  const std::size_t need = *bytes;
+  const auto live_after =
+      static_cast<std::size_t>(std::max<std::int64_t>(0, live_total())) + requested;
+  // The same rules as the VMM path, by whole segments.
+  const GrowthPlan plan = policy_.plan(need, reserved(), live_after,
+                                       static_cast<std::size_t>(peak_live_.load()), arena);
+  if (plan.release != 0) {
+    try {
+      (void)release_cached(plan.release, false, !plan.slack);
+    } catch (const vmm::DriverError&) {
+      if (!plan.slack) throw;
+    }
+  }
+  const std::size_t cap = policy_.cap();
+  transit(static_cast<std::int64_t>(need));  // until the heap adds the segment
+  if (!budget_.charge(need, cap)) {
+    transit(-static_cast<std::int64_t>(need));
+    throw_oom(requested, "the reserved-bytes cap");
+  }
+  auto uncharge = [&] {
+    budget_.credit(need);
+    transit(-static_cast<std::int64_t>(need));
+  };
+  vmm::DevicePtr p = 0;
+  vmm::Result r = backing_->allocate_segment(bytes, alignment, &p);
+  if (r == vmm::Result::out_of_memory) {
+    oom_retries_.fetch_add(1, std::memory_order_relaxed);
+    uncharge();
+    reclaim_for_oom();
+    (void)release_cached(0, true, true);
+    transit(static_cast<std::int64_t>(need));
+    if (!budget_.charge(need, cap)) {
+      transit(-static_cast<std::int64_t>(need));
+      throw_oom(requested, "the reserved-bytes cap");
+    }
+    *bytes = need;
+    r = backing_->allocate_segment(bytes, alignment, &p);
+  }
+  if (r != vmm::Result::success) {
+    uncharge();
+    if (r == vmm::Result::out_of_memory) throw_oom(requested, "the device");
+    throw vmm::DriverError(r, "cuMemAlloc(device " + std::to_string(device()) + ", " +
+                                  std::to_string(need) + " bytes)");
+  }
+  // An alignment retry allocates a little more than charged: counted, not capped.
+  if (*bytes > need) {
+    transit(static_cast<std::int64_t>(*bytes - need));
+    (void)budget_.charge(*bytes - need, 0);
+  }
+  return p;
+}
+
+void* DeviceHeap::steal(std::size_t size, std::size_t bytes, StreamState& taker,
+                        const Heap* except) {
+  for (Heap* h : heaps()) {
+    if (h == except || h->kind() != Heap::Kind::stream) continue;
+    // A cheap look first: only a heap with that much mapped and free memory.
+    if (h->mapped_estimate() < static_cast<std::size_t>(std::max<std::int64_t>(0, h->live_bytes())) + size)
+      continue;
+    if (void* p = h->steal(size, bytes, taker); p != nullptr) return p;
+  }
+  return nullptr;
 }
 
 bool DeviceHeap::deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream) {
-  if (const PageEntry* e = pages_.find(addr); e != nullptr) {
-    if (Span* s = e->span.load(std::memory_order_acquire); s != nullptr && s->contains(addr)) {
-      free_small(s, addr, bytes, stream);
-      return true;
-    }
+  const PageEntry* e = pages_.find(addr);
+  if (e == nullptr) return false;
+  if (Span* s = e->span.load(std::memory_order_acquire); s != nullptr && s->contains(addr)) {
+    s->owner->free_slot(s, addr, bytes, stream);
+    return true;
   }
-  {
-    std::lock_guard<std::mutex> guard(lock_);
-    Block* b = find_start(addr);
-    if (b == nullptr) return false;  // the caller names what it is
-    if (bytes != kUnknownSize && bytes != b->requested)
-      throw usage_error("gvmalloc: deallocate(" + hex(addr) + ", " + std::to_string(bytes) +
-                        " bytes) on device " + std::to_string(device()) +
-                        ": the block was allocated with " + std::to_string(b->requested) +
-                        " bytes");
-    unlink_start(b);
-    uncommit(b);
-    if (stream != b->stream) {
-      note_stream(stream);
-      tag_chunks(b, stream);
-    }
-    large_live_ -= b->size;
-    ++large_frees_;
-    large_live_bytes_.store(
-        large_live_bytes_.load(std::memory_order_relaxed) - static_cast<std::int64_t>(b->size),
-        std::memory_order_relaxed);
-    free_block(b, stream);
-    maybe_release_above_threshold();
-  }
-  return true;
+  Heap* h = e->owner.load(std::memory_order_acquire);
+  return h != nullptr && h->deallocate_large(addr, bytes, stream, nullptr);
 }
 
-void DeviceHeap::record_stream(std::uintptr_t addr, vmm::StreamHandle stream) {
-  if (const PageEntry* e = pages_.find(addr); e != nullptr) {
-    if (Span* s = e->span.load(std::memory_order_acquire); s != nullptr && s->contains(addr)) {
-      StreamCache& c = *s->owner;
-      std::lock_guard<SpinLock> cache_guard(c.lock);
-      const std::uintptr_t off = addr - s->base;
-      if (off % s->slot_size != 0 || !s->is_allocated(static_cast<std::uint32_t>(off / s->slot_size)))
-        throw usage_error("gvmalloc: record_stream(" + hex(addr) + "): not a live block");
-      if (stream == c.stream) return;
-      c.recorded[addr].add(stream);
-      std::lock_guard<std::mutex> guard(lock_);
-      note_stream(stream);
-      tag_chunks(s->block, stream);
-      return;
-    }
+bool DeviceHeap::record_stream(std::uintptr_t addr, StreamState& user) {
+  const PageEntry* e = pages_.find(addr);
+  if (e == nullptr) return false;
+  if (Span* s = e->span.load(std::memory_order_acquire); s != nullptr && s->contains(addr)) {
+    s->owner->record_slot(s, addr, user);
+    return true;
   }
-  std::lock_guard<std::mutex> guard(lock_);
-  Block* b = find_start(addr);
-  if (b == nullptr) throw usage_error("gvmalloc: record_stream(" + hex(addr) + "): not a live block");
-  if (stream == b->stream) return;
-  note_stream(stream);
-  b->tags.add(stream);
-  tag_chunks(b, stream);
+  Heap* h = e->owner.load(std::memory_order_acquire);
+  return h != nullptr && h->record_large(addr, user);
 }
 
-// ------------------------------------------------------------ OOM message --
+void DeviceHeap::note_use(std::uintptr_t addr, StreamState& user) {
+  const PageEntry* e = pages_.find(addr);
+  if (e == nullptr) return;
+  if (Span* s = e->span.load(std::memory_order_acquire); s != nullptr && s->contains(addr)) {
+    s->owner->note_slot(s, addr, user);
+    return;
+  }
+  // A copy may start inside a large block, past the granule it starts in:
+  // the heap that maps this granule holds the block.
+  if (Heap* h = e->owner.load(std::memory_order_acquire); h != nullptr) h->note_large(addr, user);
+}
 
-void DeviceHeap::throw_oom(std::size_t bytes, const char* why) {
+Block* DeviceHeap::lend_granule(StreamState& taker, const Heap* except, Heap** lender) {
+  for (Heap* h : heaps()) {
+    if (h == except || h->kind() != Heap::Kind::stream) continue;
+    if (h->mapped_estimate() <
+        static_cast<std::size_t>(std::max<std::int64_t>(0, h->live_bytes())) + kGranule)
+      continue;
+    if (Block* b = h->lend_granule(taker); b != nullptr) {
+      *lender = h;
+      return b;
+    }
+  }
+  return nullptr;
+}
+
+std::size_t DeviceHeap::release_cached(std::size_t want, bool all, bool include_scratch) {
+  std::size_t dropped = 0;
+  for (Heap* h : heaps()) {
+    if (!all && dropped >= want) break;
+    if (h->kind() == Heap::Kind::scratch && !include_scratch) continue;
+    dropped += h->release_cached(all ? 0 : want - dropped, all);
+  }
+  return dropped;
+}
+
+void DeviceHeap::maybe_release_above_threshold() noexcept {
+  if (config_.release_threshold_bytes == SIZE_MAX) return;
+  std::size_t scratch = 0;
+  if (Heap* s = existing_scratch(); s != nullptr) scratch = s->mapped_estimate();
+  const std::size_t res = reserved() > scratch ? reserved() - scratch : 0;
+  std::int64_t live = live_total();
+  if (Heap* s = existing_scratch(); s != nullptr) live -= s->live_bytes();
+  const auto l = static_cast<std::size_t>(std::max<std::int64_t>(0, live));
+  const std::size_t cached = res > l ? res - l : 0;
+  if (cached <= config_.release_threshold_bytes) return;
+  try {
+    (void)release_cached(cached - config_.release_threshold_bytes, false, false);
+  } catch (...) {
+    // Called from deallocate, which reports bad input only: the block is
+    // already free. A chunk that could not go back stays mapped and counted;
+    // the next release or trim tries again.
+  }
+}
+
+void DeviceHeap::reclaim_for_oom() {
+  std::size_t n = 0;
+  for (Heap* x : heaps()) n += x->reclaim_spans();
+  oom_reclaimed_spans_.fetch_add(n, std::memory_order_acq_rel);
+}
+
+void DeviceHeap::trim() {
+  for (Heap* h : heaps()) h->reclaim_spans();
+  (void)release_cached(0, true, true);
+  for (Heap* h : heaps()) h->drop_unused_regions();
+}
+
+// ------------------------------------------------------------ accounting --
+
+std::int64_t DeviceHeap::live_total() const noexcept {
+  std::lock_guard<SpinLock> guard(list_lock_);
+  std::int64_t total = 0;
+  for (const Heap* h : list_) total += h->live_bytes();
+  return total;
+}
+
+std::int64_t DeviceHeap::refresh_peak() noexcept {
+  const std::int64_t total = live_total();
+  std::int64_t peak = peak_live_.load(std::memory_order_relaxed);
+  while (total > peak && !peak_live_.compare_exchange_weak(peak, total, std::memory_order_relaxed)) {
+  }
+  peak = std::max(peak, total);
+  headroom_.store(peak - total, std::memory_order_relaxed);
+  return peak - total;
+}
+
+void DeviceHeap::reset_peaks() noexcept {
+  peak_live_.store(live_total(), std::memory_order_relaxed);
+  budget_.reset_peak();
+}
+
+void DeviceHeap::throw_oom(std::size_t bytes, const char* why) const {
   std::size_t free_bytes = 0, total_bytes = 0;
   const bool have_info = driver_.mem_get_info(device(), &free_bytes, &total_bytes) == vmm::Result::success;
   const auto live = static_cast<std::size_t>(std::max<std::int64_t>(0, live_total()));
+  const std::size_t res = reserved();
   std::string msg = "gvmalloc: out of memory on device " + std::to_string(device()) + " (" +
                     caps_.name + "): tried to allocate " + format_bytes(bytes) + " (limited by " +
                     why + "); " + format_bytes(live) + " live, " +
-                    format_bytes(reserved_ > live ? reserved_ - live : 0) + " cached, " +
-                    format_bytes(reserved_) + " reserved by gvmalloc";
-  if (const std::size_t cap = reserve_cap(); cap != 0) msg += ", reserved-bytes cap " + format_bytes(cap);
+                    format_bytes(res > live ? res - live : 0) + " cached, " + format_bytes(res) +
+                    " reserved by gvmalloc";
+  if (const std::size_t cap = policy_.cap(); cap != 0) msg += ", reserved-bytes cap " + format_bytes(cap);
   if (have_info)
     msg += "; the device has " + format_bytes(free_bytes) + " free of " + format_bytes(total_bytes);
   throw out_of_memory(msg);
+}
+
+DeviceStats DeviceHeap::stats() const {
+  DeviceStats s;
+  s.device = device();
+  for (const Heap* h : heaps()) h->add_stats(s);
+  const auto live = static_cast<std::size_t>(std::max<std::int64_t>(0, live_total()));
+  s.live_bytes = live;
+  s.reserved_bytes = reserved();
+  s.cached_bytes = s.reserved_bytes > live ? s.reserved_bytes - live : 0;
+  s.peak_live_bytes = static_cast<std::size_t>(std::max<std::int64_t>(peak_live_.load(), 0));
+  s.peak_reserved_bytes = budget_.peak();
+  s.oom_retries = oom_retries_.load(std::memory_order_relaxed);
+  s.fences = fences_.load(std::memory_order_relaxed);
+  s.cross_stream_waits = cross_stream_waits_.load(std::memory_order_relaxed);
+  return s;
+}
+
+namespace {
+
+// Every heap of a device locked, in list order (only memory_map and check
+// hold more than one heap lock, and both take them in this order).
+class AllLocked {
+ public:
+  explicit AllLocked(std::vector<Heap*> heaps) : heaps_(std::move(heaps)) {
+    for (Heap* h : heaps_) h->lock().lock();
+  }
+  ~AllLocked() {
+    for (auto it = heaps_.rbegin(); it != heaps_.rend(); ++it) (*it)->lock().unlock();
+  }
+  const std::vector<Heap*>& heaps() const noexcept { return heaps_; }
+
+ private:
+  std::vector<Heap*> heaps_;
+};
+
+}  // namespace
+
+void DeviceHeap::memory_map(std::vector<SegmentInfo>& out) const {
+  AllLocked all(heaps());
+  for (const Heap* h : all.heaps()) h->memory_map_locked(out);
+}
+
+bool DeviceHeap::check(std::string* why) const {
+  // No heap is made while the check runs (every heap's bytes are counted).
+  std::lock_guard<std::mutex> no_new_heaps(heaps_mu_);
+  std::int64_t live = 0;
+  std::size_t mapped = 0, arena_spans = 0, front_spans = 0;
+  auto fail = [&](const std::string& msg) {
+    if (why != nullptr) *why = "device " + std::to_string(device()) + ": " + msg;
+    return false;
+  };
+  AllLocked all(heaps());
+  for (const Heap* h : all.heaps()) {
+    std::int64_t l = 0;
+    std::size_t a = 0, f = 0;
+    std::string w;
+    if (!h->check_locked(&w, &l, &a, &f)) return fail(w);
+    live += l;
+    arena_spans += a;
+    front_spans += f;
+    mapped += h->mapped_estimate();
+  }
+  // A span between two heaps' locks (a borrow, a lent granule going home)
+  // is counted by one side only.
+  const auto diff = static_cast<std::int64_t>(arena_spans) - static_cast<std::int64_t>(front_spans);
+  if ((diff < 0 ? -diff : diff) > handoffs_.load())
+    return fail("spans in the arenas and in the front ends disagree (" + std::to_string(arena_spans) +
+                " vs " + std::to_string(front_spans) + ")");
+  if (live != live_total()) return fail("live bytes disagree with the heaps");
+  // Growths and releases under way move bytes between the budget and the
+  // heaps' chunks with no heap lock held (the heaps are locked here, so no
+  // chunk comes or goes): what is in transit is allowed for, read around
+  // the budget until both stand still.
+  for (int tries = 0;; ++tries) {
+    const std::int64_t t1 = transit_.load();
+    const std::size_t res = reserved();
+    const std::int64_t t2 = transit_.load();
+    const std::int64_t allowed = std::max<std::int64_t>({t1, t2, 0});
+    if (mapped <= res && static_cast<std::int64_t>(res - mapped) <= allowed) break;
+    if (tries < 1000 && (t1 != t2 || res != reserved())) continue;
+    return fail("reserved bytes disagree with the chunks (" + std::to_string(res) + " vs " +
+                std::to_string(mapped) + ", " + std::to_string(allowed) + " in transit)");
+  }
+  return true;
 }
 
 }  // namespace gvm::detail

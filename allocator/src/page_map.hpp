@@ -1,4 +1,4 @@
-// PageMap: address -> granule entry, by address arithmetic.
+// PageMap: address -> granule entry, by address arithmetic, one per device.
 //
 // Two levels over a 49-bit virtual address space at 2 MiB granules: the top
 // level has 2^14 slots of 16 GiB each, each leaf 8192 entries, created the
@@ -21,18 +21,24 @@ namespace gvm::detail {
 
 struct Block;
 struct Span;
+class Heap;
 
 inline constexpr int kGranuleShift = 21;
 inline constexpr std::size_t kGranule = std::size_t{1} << kGranuleShift;
 
 struct PageEntry {
+  // The heap whose mapped chunk covers this granule, or null: set when the
+  // chunk is mapped, cleared when it is unmapped. Read without a lock by
+  // deallocate to find the heap to lock (a live block's granules are always
+  // mapped, so its entry always names its heap).
+  std::atomic<Heap*> owner{nullptr};
   // The small-block span occupying this granule, or null. Read without a
-  // lock by deallocate; written under the device lock.
+  // lock by deallocate; written under the owner's lock.
   std::atomic<Span*> span{nullptr};
   // Allocated large blocks that start in this granule (chained by
-  // Block::page_next); under the device lock.
+  // Block::page_next); under the owner's lock.
   Block* starts = nullptr;
-  // 1 + index of the chunk mapped here; 0 when unmapped. Device lock.
+  // 1 + index of the owner's chunk mapped here; 0 when unmapped. Owner's lock.
   std::uint32_t chunk = 0;
 };
 
@@ -59,13 +65,14 @@ class PageMap {
   }
 
   // The entry of the granule holding addr, creating its leaf. addr must be
-  // in_range. Called under the device lock.
+  // in_range. Any thread: a leaf made by two threads at once is made once.
   PageEntry& at(std::uintptr_t addr) {
     auto& slot = top_[top_index(addr)];
     Leaf* leaf = slot.load(std::memory_order_acquire);
     if (leaf == nullptr) {
-      leaf = new Leaf();
-      slot.store(leaf, std::memory_order_release);
+      auto fresh = std::make_unique<Leaf>();
+      if (slot.compare_exchange_strong(leaf, fresh.get(), std::memory_order_acq_rel))
+        leaf = fresh.release();
     }
     return leaf->entries[leaf_index(addr)];
   }

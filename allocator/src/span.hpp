@@ -1,5 +1,5 @@
 // Span: one granule (2 MiB) cut into equal slots of one size class, owned by
-// one stream cache. Slots are handed out from a stack of free indices; a
+// one heap's small-block front end. Slots are handed out from a stack of free indices; a
 // bitmap of allocated slots catches double and foreign frees.
 #pragma once
 
@@ -13,15 +13,18 @@
 namespace gvm::detail {
 
 struct Block;
-struct StreamCache;
+class Heap;
 
 struct Span {
   std::uintptr_t base = 0;
   std::size_t slot_size = 0;
   std::uint32_t slots = 0;
   std::uint32_t free_count = 0;  // entries in free_stack
+  std::uint32_t pending = 0;     // freed, waiting to join free_stack (push_cleared)
+  bool in_flight = false;        // a borrowed span not yet in its front end's lists
   int size_class = 0;
-  StreamCache* owner = nullptr;
+  Heap* owner = nullptr;       // the heap whose stream allocates from it
+  Heap* arena_heap = nullptr;  // the heap whose arena holds its granule (a lent one: another)
   Block* block = nullptr;  // the large block this span occupies
   bool in_partial = false;  // on the owner's partial list
   Span* partial_next = nullptr;
@@ -29,13 +32,14 @@ struct Span {
   std::unique_ptr<std::uint32_t[]> free_stack;
   std::vector<std::uint64_t> allocated;  // bitmap
 
-  Span(std::uintptr_t b, std::size_t slot, int cls, StreamCache* own, Block* blk)
+  Span(std::uintptr_t b, std::size_t slot, int cls, Heap* own, Block* blk)
       : base(b),
         slot_size(slot),
         slots(static_cast<std::uint32_t>(kGranule / slot)),
         free_count(slots),
         size_class(cls),
         owner(own),
+        arena_heap(own),
         block(blk),
         free_stack(new std::uint32_t[slots]),
         allocated((slots + 63) / 64, 0) {
@@ -56,6 +60,17 @@ struct Span {
   void push(std::uint32_t i) noexcept {
     allocated[i >> 6] &= ~(std::uint64_t{1} << (i & 63));
     free_stack[free_count++] = i;
+  }
+  // A free in two steps, for a slot whose reuse must wait for another
+  // stream: the bit goes first (a second free of it is refused), the slot
+  // joins the free stack once the wait is queued.
+  void clear_allocated(std::uint32_t i) noexcept {
+    allocated[i >> 6] &= ~(std::uint64_t{1} << (i & 63));
+    ++pending;
+  }
+  void push_cleared(std::uint32_t i) noexcept {
+    free_stack[free_count++] = i;
+    --pending;
   }
 };
 

@@ -46,6 +46,17 @@ class Allocator {
   // driver_error.
   void* allocate(std::size_t bytes, int device, vmm::StreamHandle stream);
 
+  // Streams: gvmalloc may record events on a stream it has seen (when
+  // another stream takes memory it used, or before memory it used is
+  // unmapped or its access changes) until forget_stream(stream) is called.
+  // Call it when destroying a stream (before or right after
+  // cuStreamDestroy): from then on gvmalloc never touches that handle again,
+  // waits for what the stream left through the events it already has (or a
+  // device synchronisation), and treats a new stream that gets the same
+  // handle as a new stream. The CuPy and Numba integrations call it for the
+  // streams they see die. Unknown streams are ignored.
+  void forget_stream(vmm::StreamHandle stream);
+
   // Returns a block. `bytes` must be what was asked for (or kUnknownSize);
   // `stream` is the stream its last use was ordered on (normally the stream it
   // was allocated on). Throws usage_error for a pointer we never gave out, an

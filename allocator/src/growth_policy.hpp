@@ -1,0 +1,78 @@
+// GrowthPolicy: the rules for growing a device's memory, in one place, for
+// every heap and both backings:
+//
+//   cap     reserved bytes (every heap of the device: arenas, scratch, pools)
+//           stay at or below Config::max_reserved_bytes and
+//           memory_fraction x device memory; cached chunks go back first;
+//   slack   before an arena grows, whole cached chunks go back while reserved
+//           bytes would exceed the peak of live bytes x (1 + reserve_slack);
+//   OOM     when the driver is out of memory: every cached chunk of the
+//           device goes back (behind the fence) and the growth is tried once
+//           more; then a typed out_of_memory that says why.
+//
+// Pure: it decides, the device heap acts (device_heap.cpp).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "gvm/config.hpp"
+
+namespace gvm::detail {
+
+// Reserved bytes of one device, charged before any growth and credited after
+// any drop, so that the cap holds under concurrent growth.
+class DeviceBudget {
+ public:
+  std::size_t reserved() const noexcept { return reserved_.load(std::memory_order_acquire); }
+  std::size_t peak() const noexcept { return peak_.load(std::memory_order_relaxed); }
+  // Adds n unless that would pass `cap` (0: none); false (nothing added) if so.
+  bool charge(std::size_t n, std::size_t cap) noexcept;
+  void credit(std::size_t n) noexcept { reserved_.fetch_sub(n, std::memory_order_acq_rel); }
+  void reset_peak() noexcept { peak_.store(reserved(), std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::size_t> reserved_{0};
+  std::atomic<std::size_t> peak_{0};
+};
+
+struct GrowthPlan {
+  std::size_t release = 0;  // cached bytes to give back before growing
+  bool slack = false;       // the release is for the slack bound (best effort)
+};
+
+class GrowthPolicy {
+ public:
+  // Release-before-growth runs only for a growth of at least 1/128 of what
+  // is reserved, and of at least one chunk: a release costs a fence (a host
+  // sync) and driver calls, which pays when the growth is large enough to
+  // set the peak (the GPT-2 trace: 1.026 reserved/live, 432 chunks mapped),
+  // not for the small growths of a fragmented steady state (mixed workload:
+  // 555 chunk maps in 2M operations; releasing on every growth: 1.023 but
+  // 9,280 maps - driver churn; docs/design-notes.md).
+  static constexpr std::size_t kReleaseGrowthFraction = 128;
+
+  GrowthPolicy(const Config& config, std::size_t device_memory) noexcept
+      : config_(config), device_memory_(device_memory) {}
+
+  // The cap in bytes, 0 = none (the smaller of max_reserved and the fraction).
+  std::size_t cap() const noexcept;
+  // The plan for growing by `need` bytes with `reserved` mapped now, `live`
+  // bytes live (plus the request) and `peak_live` the peak so far; `arena`:
+  // the slack rule applies (not to the scratch, whose chunks carry peer
+  // grants that cost ~1 ms per 64 MiB to make again, docs/measurements.md).
+  GrowthPlan plan(std::size_t need, std::size_t reserved, std::size_t live_after,
+                  std::size_t peak_live, bool arena) const noexcept;
+
+  void set_fraction(double f) noexcept { fraction_override_.store(f, std::memory_order_relaxed); }
+  double fraction() const noexcept;
+
+ private:
+  const Config& config_;
+  const std::size_t device_memory_;
+  // set_memory_fraction at run time (negative: use the config's).
+  std::atomic<double> fraction_override_{-1.0};
+};
+
+}  // namespace gvm::detail

@@ -1,0 +1,781 @@
+// Heap: blocks of one stream, or of a shared heap (heap.hpp).
+#include "heap.hpp"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <string>
+
+#include "device_heap.hpp"
+#include "gvm/allocator.hpp"
+#include "gvm/errors.hpp"
+
+namespace gvm::detail {
+namespace {
+
+constexpr std::size_t round_up(std::size_t x, std::size_t a) noexcept { return (x + a - 1) / a * a; }
+
+std::string hex(std::uintptr_t p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%" PRIxPTR, p);
+  return buf;
+}
+
+}  // namespace
+
+Heap::Heap(DeviceHeap& device, Kind kind, StreamState* stream, std::uint64_t pool, bool first)
+    : device_(device),
+      kind_(kind),
+      stream_(stream),
+      pool_(pool),
+      first_(first),
+      // A span is one granule with at least two slots.
+      small_max_(kind == Kind::stream
+                     ? std::min(device.config().small_block_max_bytes, kGranule / 2)
+                     : 0),
+      access_{{device.device(), vmm::Access::read_write}},
+      arena_(device.driver(), device.device(), device.pages(), this, device.backing().on_demand()) {}
+
+Heap::~Heap() = default;
+
+int Heap::device() const noexcept { return device_.device(); }
+
+void Heap::add_live(std::int64_t n) noexcept {
+  const std::int64_t live = live_.load(std::memory_order_relaxed) + n;
+  live_.store(live, std::memory_order_relaxed);
+  if (n > 0 && live > peak_watermark_.load(std::memory_order_relaxed)) [[unlikely]] {
+    // Only this heap's own watermark moves: writing every heap's would
+    // bounce their cache lines between threads on each refresh.
+    peak_watermark_.store(live + device_.refresh_peak(), std::memory_order_relaxed);
+  }
+}
+
+// Tokens for the work a block's users have queued so far: the allocation
+// stream, the other streams that used it (record_stream, peer copies) and
+// `also` (the freeing stream).
+WaitSet Heap::tokens_now(const Block* b, StreamState* also) const {
+  WaitSet w;
+  if (b->stream != nullptr) w.add(Token{b->stream, b->stream->epoch()});
+  for (int i = 0; i < b->waits.size(); ++i) {
+    StreamState* u = b->waits[i].stream;
+    w.add(Token{u, u->epoch()});
+  }
+  w.add_overflow(b->waits.overflow_devices());
+  if (also != nullptr) w.add(Token{also, also->epoch()});
+  return w;
+}
+
+// --------------------------------------------------------------- regions --
+
+void Heap::add_region_for(std::size_t size, std::size_t alignment, std::size_t requested) {
+  if (arena_.on_demand()) {
+    vmm::ReservedRange va = device_.reserve_for(*this, size, alignment);
+    std::lock_guard<SpinLock> guard(lock_);
+    arena_.add_region(std::move(va));
+    return;
+  }
+  std::size_t bytes = round_up(size, kGranule);
+  const vmm::DevicePtr p = device_.segment_for(*this, &bytes, alignment, requested);
+  {
+    std::lock_guard<SpinLock> guard(lock_);
+    arena_.add_segment(p, bytes);
+    mapped_.store(arena_.mapped_bytes(), std::memory_order_relaxed);
+  }
+  device_.transit(-static_cast<std::int64_t>(bytes));
+}
+
+// ------------------------------------------------------------ large path --
+
+// Maps what is missing under b (allocated to the caller, its mapped part
+// committed). growing_ serialises this heap's growths: two blocks may share a
+// granule, and the runs are read again under it.
+void Heap::map_under(Block* b, std::vector<std::uint32_t>& counted, std::size_t requested) {
+  std::lock_guard<std::mutex> grow(growing_);
+  std::vector<Run> runs;
+  {
+    // Counted again: a growth that ran while this one waited may have
+    // mapped a granule b shares with its block (two blocks can share one).
+    std::lock_guard<SpinLock> guard(lock_);
+    arena_.uncommit(counted);
+    counted.clear();
+    arena_.commit(b, counted);
+    runs = arena_.unmapped_runs(b);
+  }
+  std::size_t need = 0;
+  for (const auto& r : runs) need += r.second;
+  if (need == 0) return;
+  std::vector<vmm::MappedChunk> made = device_.map_for(*this, runs, need, requested);
+  {
+    std::lock_guard<SpinLock> guard(lock_);
+    for (auto& m : made) counted.push_back(arena_.install_chunk(std::move(m), 1));  // counts b
+    mapped_.store(arena_.mapped_bytes(), std::memory_order_relaxed);
+  }
+  device_.transit(-static_cast<std::int64_t>(need));
+}
+
+void* Heap::finish_large(Block* b, StreamState& user, std::size_t bytes, bool hit) {
+  // lock_ held.
+  b->stream = &user;
+  b->requested = bytes;
+  b->waits.clear();
+  b->pending = false;
+  arena_.link_start(b);
+  ++allocations_;
+  if (hit) ++hits_;
+  add_live(static_cast<std::int64_t>(b->size));
+  return reinterpret_cast<void*>(b->addr);
+}
+
+void* Heap::allocate_large(std::size_t bytes, StreamState& user) {
+  const std::size_t size = round_up(bytes, kBlockAlignment);
+  Block* b = nullptr;
+  WaitSet waits;  // what the memory's last users left for `user` to wait for
+  bool mapped = false;
+  std::vector<std::uint32_t> counted;  // a growing block's chunks, as counted
+  for (int attempt = 0; b == nullptr; ++attempt) {
+    {
+      std::lock_guard<SpinLock> guard(lock_);
+      b = arena_.take(size, kBlockAlignment, &user, false);
+      if (b != nullptr) {
+        waits = b->waits;
+        b->waits.clear();
+        b->stream = &user;
+        mapped = arena_.fully_mapped(b);
+        // Its mapped chunks cannot go while it is ours.
+        if (mapped) {
+          arena_.commit(b);
+          (void)finish_large(b, user, bytes, true);
+        } else {
+          arena_.commit(b, counted);
+        }
+      }
+    }
+    if (b == nullptr) {
+      // No room in the regions. Mapped free memory of another stream's heap
+      // first, then address space (VMM) or a segment (no VMM).
+      if (kind_ == Kind::stream && attempt == 0) {
+        if (void* p = device_.steal(size, bytes, user, this); p != nullptr) return p;
+      }
+      if (attempt > 2) device_.throw_oom(bytes, "address space");
+      add_region_for(size, kBlockAlignment, bytes);
+    }
+  }
+  bool finished = mapped;
+  auto undo = [&] {
+    std::lock_guard<SpinLock> guard(lock_);
+    if (finished) {
+      arena_.unlink_start(b);
+      --allocations_;
+      if (mapped) --hits_;
+      add_live(-static_cast<std::int64_t>(b->size));
+    }
+    if (mapped)
+      arena_.uncommit(b);
+    else
+      arena_.uncommit(counted);
+    b->waits = waits;
+    arena_.give_back(b);
+  };
+  if (!mapped) {
+    // Before growing: mapped free memory of another stream's heap.
+    if (kind_ == Kind::stream) {
+      if (void* p = device_.steal(size, bytes, user, this); p != nullptr) {
+        undo();
+        return p;
+      }
+    }
+    try {
+      map_under(b, counted, bytes);
+    } catch (...) {
+      undo();
+      throw;
+    }
+    std::lock_guard<SpinLock> guard(lock_);
+    (void)finish_large(b, user, bytes, false);
+    finished = true;
+  }
+  // Another stream's work on the memory first (stream waits, no host sync).
+  if (!waits.only(&user)) {
+    try {
+      device_.count_cross_stream_waits(device_.tracker().order(waits, user));
+    } catch (...) {
+      undo();
+      throw;
+    }
+  }
+  return reinterpret_cast<void*>(b->addr);
+}
+
+void* Heap::steal(std::size_t size, std::size_t bytes, StreamState& taker) {
+  WaitSet waits;
+  Block* b = nullptr;
+  {
+    // A heap in the middle of a growth is skipped, not waited for.
+    std::unique_lock<SpinLock> guard(lock_, std::try_to_lock);
+    if (!guard.owns_lock()) return nullptr;
+    b = arena_.take(size, kBlockAlignment, &taker, true);
+    if (b == nullptr) return nullptr;
+    waits = b->waits;
+    arena_.commit(b);
+    (void)finish_large(b, taker, bytes, true);
+  }
+  try {
+    device_.count_cross_stream_waits(device_.tracker().order(waits, taker));
+  } catch (...) {
+    std::lock_guard<SpinLock> guard(lock_);
+    arena_.unlink_start(b);
+    arena_.uncommit(b);
+    --allocations_;
+    --hits_;
+    add_live(-static_cast<std::int64_t>(b->size));
+    b->waits = waits;
+    arena_.give_back(b);
+    throw;
+  }
+  return reinterpret_cast<void*>(b->addr);
+}
+
+bool Heap::deallocate_large(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream,
+                            std::size_t* requested) {
+  // The freeing stream's state, when it is not the block's own stream (rare:
+  // looked up before taking the lock, which is a leaf).
+  StreamState* own = this->stream();
+  StreamState* freer = nullptr;
+  if (own == nullptr || stream != own->handle()) freer = &device_.streams().get(stream);
+  bool had_users = false;
+  WaitSet users;
+  {
+    std::lock_guard<SpinLock> guard(lock_);
+    Block* b = arena_.find_start(addr);
+    if (b == nullptr) return false;  // the caller names what it is
+    if (bytes != kUnknownSize && bytes != b->requested)
+      throw usage_error("gvmalloc: deallocate(" + hex(addr) + ", " + std::to_string(bytes) +
+                        " bytes) on device " + std::to_string(device()) +
+                        ": the block was allocated with " + std::to_string(b->requested) + " bytes");
+    if (requested != nullptr) *requested = b->requested;
+    arena_.unlink_start(b);
+    arena_.uncommit(b);
+    StreamState* also = freer != nullptr && freer != b->stream ? freer : nullptr;
+    had_users = !b->waits.empty();
+    if (had_users) users = b->waits;
+    b->waits = tokens_now(b, also);
+    ++frees_;
+    add_live(-static_cast<std::int64_t>(b->size));
+    arena_.give_back(b);
+  }
+  if (had_users) {
+    // record_stream's promise, as PyTorch's allocator keeps it: an event on
+    // every recorded stream at free time, so that a later taker waits for
+    // their work up to now and no further.
+    WaitSet fresh;
+    for (int i = 0; i < users.size(); ++i) fresh.add(Token{users[i].stream, users[i].stream->epoch()});
+    try {
+      device_.tracker().cover_now(fresh);
+    } catch (...) {
+      // deallocate reports bad input only; a later taker records or syncs.
+    }
+  }
+  device_.maybe_release_above_threshold();
+  return true;
+}
+
+void Heap::record_slot(Span* s, std::uintptr_t addr, StreamState& user) {
+  std::lock_guard<SpinLock> guard(lock_);
+  const std::uintptr_t off = addr - s->base;
+  if (off % s->slot_size != 0 || !s->is_allocated(static_cast<std::uint32_t>(off / s->slot_size)))
+    throw usage_error("gvmalloc: record_stream(" + hex(addr) + "): not a live block");
+  if (&user != stream()) small_.recorded()[addr].add(Token{&user, 0});
+}
+
+void Heap::note_slot(Span* s, std::uintptr_t addr, StreamState& user) {
+  // A slot of a span: the span's owner stream orders its reuse; another
+  // stream's use (a peer's copy may start inside a slot) is recorded on the
+  // slot it lies in.
+  std::lock_guard<SpinLock> guard(lock_);
+  const std::uintptr_t slot = s->base + (addr - s->base) / s->slot_size * s->slot_size;
+  if (!s->is_allocated(static_cast<std::uint32_t>((slot - s->base) / s->slot_size))) return;
+  if (&user != stream()) small_.recorded()[slot].add(Token{&user, 0});
+}
+
+bool Heap::record_large(std::uintptr_t addr, StreamState& user) {
+  std::lock_guard<SpinLock> guard(lock_);
+  Block* b = arena_.find_start(addr);
+  if (b == nullptr) return false;
+  if (&user != b->stream) b->waits.add(Token{&user, 0});
+  return true;
+}
+
+void Heap::note_large(std::uintptr_t addr, StreamState& user) {
+  std::lock_guard<SpinLock> guard(lock_);
+  // Any pointer into a live block: a copy may start inside one.
+  Block* b = arena_.live_block_holding(addr, 1);
+  if (b == nullptr || b->span != nullptr) return;
+  if (&user != b->stream) b->waits.add(Token{&user, 0});
+}
+
+bool Heap::is_live_block(std::uintptr_t addr, std::size_t bytes) const {
+  std::lock_guard<SpinLock> guard(lock_);
+  return arena_.live_block_holding(addr, bytes) != nullptr;
+}
+
+bool Heap::holds(std::uintptr_t addr) const {
+  std::lock_guard<SpinLock> guard(lock_);
+  return arena_.holds(addr);
+}
+
+// ------------------------------------------------------------ small path --
+
+Span* Heap::new_span(int size_class, std::size_t bytes, std::uintptr_t* first) {
+  // A granule from this heap's own arena - or lent by another stream's heap
+  // that has one mapped and free, before this one grows - ordered on this
+  // heap's stream; `bytes` (the request) is what an out-of-memory message names.
+  StreamState& own = *stream();
+  WaitSet waits;
+  Block* b = nullptr;
+  bool mapped = false;
+  std::vector<std::uint32_t> counted;
+  for (int attempt = 0; b == nullptr; ++attempt) {
+    {
+      std::lock_guard<SpinLock> guard(lock_);
+      b = arena_.take(kGranule, kGranule, &own, false);
+      if (b != nullptr) {
+        waits = b->waits;
+        b->waits.clear();
+        b->stream = &own;
+        arena_.commit(b, counted);
+        mapped = arena_.fully_mapped(b);
+      }
+    }
+    if (b == nullptr) {
+      if (attempt > 2) device_.throw_oom(bytes, "address space");
+      if (attempt == 0) {
+        if (Span* s = borrow_span(size_class, own, first); s != nullptr) return s;
+      }
+      add_region_for(kGranule, kGranule, bytes);
+    }
+  }
+  auto give_back = [&] {
+    std::lock_guard<SpinLock> guard(lock_);
+    arena_.uncommit(counted);
+    b->waits = waits;
+    arena_.give_back(b);
+  };
+  if (!mapped) {
+    if (Span* s = borrow_span(size_class, own, first); s != nullptr) {
+      give_back();
+      return s;
+    }
+  }
+  try {
+    if (!mapped) map_under(b, counted, bytes);
+    if (!waits.only(&own)) device_.count_cross_stream_waits(device_.tracker().order(waits, own));
+  } catch (...) {
+    give_back();
+    throw;
+  }
+  std::lock_guard<SpinLock> guard(lock_);
+  Span* s = small_.make_span(b->addr, class_size(size_class), size_class, this, b);
+  b->span = s;
+  b->pending = false;
+  b->requested = kGranule;
+  // Published in the page map before any slot of it is handed out (a free
+  // finds its span there), and its first slot taken under the same lock
+  // (an unused span could be reclaimed by a trim the moment the lock goes).
+  device_.pages().at(b->addr).span.store(s, std::memory_order_release);
+  small_.add_span(s);
+  *first = s->pop();
+  ++allocations_;
+  add_live(static_cast<std::int64_t>(s->slot_size));
+  return s;
+}
+
+Block* Heap::lend_granule(StreamState& taker) {
+  WaitSet waits;
+  Block* b = nullptr;
+  {
+    std::unique_lock<SpinLock> guard(lock_, std::try_to_lock);
+    if (!guard.owns_lock()) return nullptr;
+    b = arena_.take(kGranule, kGranule, &taker, true);
+    if (b == nullptr) return nullptr;
+    waits = b->waits;
+    b->waits.clear();
+    b->stream = &taker;
+    b->requested = kGranule;
+    arena_.commit(b);
+  }
+  try {
+    if (!waits.only(&taker))
+      device_.count_cross_stream_waits(device_.tracker().order(waits, taker));
+  } catch (...) {
+    return_lent(b, waits);
+    throw;
+  }
+  return b;
+}
+
+void Heap::attach_span(Block* b, Span* s) {
+  std::lock_guard<SpinLock> guard(lock_);
+  b->span = s;
+  b->pending = false;
+  // In the page map before any slot of it is handed out (a free finds its
+  // span there).
+  device_.pages().at(b->addr).span.store(s, std::memory_order_release);
+}
+
+Span* Heap::borrow_span(int size_class, StreamState& own, std::uintptr_t* first) {
+  // A span handed between two heaps' locks: the checker allows for it.
+  DeviceHeap::Handoff handoff(device_);
+  Heap* lender = nullptr;
+  Block* b = device_.lend_granule(own, this, &lender);
+  if (b == nullptr) return nullptr;
+  Span* s = nullptr;
+  {
+    std::lock_guard<SpinLock> guard(lock_);
+    s = small_.make_span(b->addr, class_size(size_class), size_class, this, b);
+    s->arena_heap = lender;
+    // In flight until its first slot is taken: a trim must not see it unused.
+    s->in_flight = true;
+  }
+  lender->attach_span(b, s);  // in the page map, too
+  std::lock_guard<SpinLock> guard(lock_);
+  s->in_flight = false;
+  small_.add_span(s);
+  *first = s->pop();
+  ++allocations_;
+  add_live(static_cast<std::int64_t>(s->slot_size));
+  return s;
+}
+
+void Heap::return_lent(Block* b, const WaitSet& waits) {
+  std::lock_guard<SpinLock> guard(lock_);
+  if (b->span != nullptr) device_.pages().at(b->addr).span.store(nullptr, std::memory_order_release);
+  b->span = nullptr;
+  arena_.uncommit(b);
+  b->waits = waits;
+  arena_.give_back(b);
+}
+
+void Heap::drain_lent() {
+  std::vector<LentBlock> out;
+  {
+    std::lock_guard<SpinLock> guard(lock_);
+    out.swap(lent_back_);
+  }
+  for (auto& l : out) {
+    l.heap->return_lent(l.block, l.waits);
+    device_.end_handoff();
+  }
+}
+
+void Heap::give_back_span(Span* s) {
+  // lock_ held. The span's granule goes back to the arena, ordered on the
+  // stream whose work used its slots (other streams' frees were ordered onto
+  // it when they happened).
+  Block* b = s->block;
+  Heap* home = s->arena_heap;
+  if (home == this) device_.pages().at(s->base).span.store(nullptr, std::memory_order_release);
+  small_.release_span(s);
+  StreamState* own = stream();
+  WaitSet w;
+  if (own != nullptr) w.add(Token{own, own->epoch()});
+  if (home != this) {
+    // A lent granule goes home once this heap's lock is released (one heap
+    // lock at a time): drain_lent() (the checker allows for it meanwhile).
+    device_.begin_handoff();
+    lent_back_.push_back(LentBlock{home, b, w});
+    return;
+  }
+  b->span = nullptr;
+  arena_.uncommit(b);
+  b->waits = w;
+  arena_.give_back(b);
+}
+
+void* Heap::allocate_small(std::size_t bytes) {
+  const int cls = size_class_of(bytes);
+  const std::size_t slot = class_size(cls);
+  for (;;) {
+    {
+      std::lock_guard<SpinLock> guard(lock_);
+      std::uintptr_t p = small_.pop(cls);
+      if (p != 0) [[likely]] {
+        ++allocations_;
+        ++hits_;
+        add_live(static_cast<std::int64_t>(slot));
+        return reinterpret_cast<void*>(p);
+      }
+    }
+    // No free slot in any span of the class: a new span (its granule from
+    // this heap's arena or lent by another, with the lock released), whose
+    // first slot is ours.
+    std::uintptr_t p = 0;
+    (void)new_span(cls, bytes, &p);  // counted there, under the lock that took the slot
+    return reinterpret_cast<void*>(p);
+  }
+}
+
+void Heap::free_slot(Span* s, std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream) {
+  StreamState* own = this->stream();
+  const bool same = own != nullptr && stream == own->handle();
+  StreamState* freer = same ? nullptr : &device_.streams().get(stream);
+  WaitSet others;
+  std::uint32_t idx = 0;
+  bool drain = false;
+  {
+    std::lock_guard<SpinLock> guard(lock_);
+    const std::uintptr_t off = addr - s->base;
+    idx = static_cast<std::uint32_t>(off / s->slot_size);
+    if (off % s->slot_size != 0 || !s->is_allocated(idx))
+      throw usage_error("gvmalloc: deallocate(" + hex(addr) + ") on device " +
+                        std::to_string(device()) +
+                        ": not a live block (already freed, never allocated, or an interior pointer)");
+    if (bytes != kUnknownSize &&
+        (bytes == 0 || bytes > s->slot_size || size_class_of(bytes) != s->size_class))
+      throw usage_error("gvmalloc: deallocate(" + hex(addr) + ", " + std::to_string(bytes) +
+                        " bytes) on device " + std::to_string(device()) +
+                        ": the block was allocated with a size in another class (slot of " +
+                        std::to_string(s->slot_size) + " bytes)");
+    ++frees_;
+    add_live(-static_cast<std::int64_t>(s->slot_size));
+    auto& rec = small_.recorded();
+    if (!rec.empty()) {
+      if (auto it = rec.find(addr); it != rec.end()) {
+        others = it->second;
+        rec.erase(it);
+      }
+    }
+    if (freer == nullptr && others.empty()) {
+      // The hot path: the owner stream reuses the slot at once.
+      s->push(idx);
+      Span* unused = small_.pushed(s);
+      if (unused == nullptr) [[likely]]
+        return;
+      give_back_span(unused);
+      if (lent_back_.empty()) return;
+      drain = true;
+    } else {
+      s->clear_allocated(idx);  // a second free is refused from now on
+    }
+  }
+  if (drain) {
+    drain_lent();
+    return;
+  }
+  // Other streams used the slot: the owner stream waits for their work up to
+  // now before the slot is reused - queued before the slot joins the free
+  // stack (rare: record_stream, or a free on another stream).
+  WaitSet w;
+  for (int i = 0; i < others.size(); ++i) w.add(Token{others[i].stream, others[i].stream->epoch()});
+  w.add_overflow(others.overflow_devices());
+  if (freer != nullptr) w.add(Token{freer, freer->epoch()});
+  try {
+    if (own != nullptr) device_.count_cross_stream_waits(device_.tracker().order(w, *own));
+  } catch (const vmm::DriverError&) {
+    // Not even a device sync worked: the context is dead and nothing queued
+    // will run again. deallocate reports bad input only.
+  }
+  {
+    std::lock_guard<SpinLock> guard(lock_);
+    s->push_cleared(idx);
+    if (Span* unused = small_.pushed(s); unused != nullptr) give_back_span(unused);
+    if (lent_back_.empty()) return;
+  }
+  drain_lent();
+}
+
+std::size_t Heap::reclaim_spans() {
+  std::size_t n = 0;
+  {
+    std::lock_guard<SpinLock> guard(lock_);
+    for (Span* s : small_.unused_spans()) {
+      give_back_span(s);
+      ++n;
+    }
+  }
+  drain_lent();
+  return n;
+}
+
+// --------------------------------------------------------------- release --
+
+std::size_t Heap::release_cached(std::size_t want, bool all) {
+  std::vector<LargeArena::Release> picked;
+  WaitSet waits;
+  {
+    std::lock_guard<SpinLock> guard(lock_);
+    std::size_t sum = 0;
+    for (std::uint32_t c : arena_.cached_chunks()) {  // largest first
+      if (!all && sum >= want) break;
+      sum += arena_.chunk_size(c);
+      picked.emplace_back();
+      waits.merge(arena_.begin_release(c, &picked.back()));
+    }
+  }
+  if (picked.empty()) return 0;
+  if (kind_ == Kind::scratch && !device_.config().scratch_fence_tracked) {
+    // Peers' work on the scratch is not seen by the allocator unless the
+    // caller names it: every device that has access is drained, and the
+    // devices of the streams known to have touched it.
+    for (const auto& a : access_) waits.add_overflow(WaitSet::device_bit(a.device));
+    for (int i = 0; i < waits.size(); ++i)
+      waits.add_overflow(WaitSet::device_bit(waits[i].stream->device()));
+  }
+  // The fence: every stream whose work may still touch the chunks. They are
+  // carved out of the free set, so nothing is handed out from them meanwhile,
+  // and no lock is held while the host waits.
+  bool fenced = true;
+  if (!waits.empty()) device_.count_fence();
+  try {
+    device_.tracker().fence(waits);
+  } catch (const vmm::DriverError&) {
+    fenced = false;
+  }
+  std::size_t dropped = 0;
+  vmm::Result failure = vmm::Result::success;
+  for (LargeArena::Release& r : picked) {
+    const vmm::Result res = fenced ? arena_.drop(r) : vmm::Result::unknown;
+    const std::size_t size = r.size;
+    const bool ok = res == vmm::Result::success;
+    if (ok) device_.transit(static_cast<std::int64_t>(size));  // gone here, not yet credited
+    {
+      std::lock_guard<SpinLock> guard(lock_);
+      arena_.end_release(r, ok);
+      mapped_.store(arena_.mapped_bytes(), std::memory_order_relaxed);
+    }
+    if (ok) {
+      dropped += size;
+      device_.credit(size);
+      device_.transit(-static_cast<std::int64_t>(size));
+    } else if (failure == vmm::Result::success) {
+      failure = res;
+    }
+  }
+  if (!fenced) device_.tracker().fence(waits);  // throws again: the driver cannot tell
+  if (failure != vmm::Result::success)
+    throw vmm::DriverError(failure, std::string(arena_.on_demand() ? "cuMemUnmap/cuMemRelease"
+                                                                   : "cuMemFree") +
+                                        "(device " + std::to_string(device()) + ", a cached chunk)");
+  return dropped;
+}
+
+void Heap::drop_unused_regions() {
+  std::lock_guard<SpinLock> guard(lock_);
+  (void)arena_.drop_unused_regions();
+}
+
+std::size_t Heap::cached_bytes() const {
+  std::lock_guard<SpinLock> guard(lock_);
+  return arena_.cached_bytes();
+}
+
+std::size_t Heap::largest_cached_block() const {
+  std::lock_guard<SpinLock> guard(lock_);
+  return arena_.largest_mapped_free();
+}
+
+std::size_t Heap::mapped_bytes() const {
+  std::lock_guard<SpinLock> guard(lock_);
+  return arena_.mapped_bytes();
+}
+
+std::vector<Run> Heap::chunk_ranges() const {
+  std::lock_guard<SpinLock> guard(lock_);
+  return arena_.chunk_ranges();
+}
+
+WaitSet Heap::touching() const {
+  std::lock_guard<SpinLock> guard(lock_);
+  WaitSet w;
+  arena_.for_each_block([&](const Block& b) {
+    if (b.free) {
+      w.merge(b.waits);
+    } else if (!b.releasing) {
+      w.merge(tokens_now(&b, nullptr));
+    }
+  });
+  return w;
+}
+
+// ------------------------------------------------------------ accounting --
+
+void Heap::add_stats(DeviceStats& s) const {
+  std::lock_guard<SpinLock> guard(lock_);
+  s.allocations += allocations_;
+  s.frees += frees_;
+  s.cache_hits += hits_;
+  s.chunks_mapped += arena_.chunks_mapped();
+  s.chunks_unmapped += arena_.chunks_unmapped();
+  if (kind_ == Kind::scratch) s.scratch_reserved_bytes += arena_.mapped_bytes();
+}
+
+void Heap::memory_map_locked(std::vector<SegmentInfo>& out) const {
+  SegmentInfo proto;
+  proto.device = device();
+  proto.scratch = kind_ == Kind::scratch;
+  proto.pool = pool_;
+  arena_.memory_map(out, proto, [&](SegmentInfo& seg, const Span& s) {
+    const StreamState* st = s.owner->stream();
+    const vmm::StreamHandle h = st == nullptr ? nullptr : st->handle();
+    BlockInfo run;  // free slots merge into one entry
+    auto flush = [&] {
+      if (run.size != 0) seg.blocks.push_back(run);
+      run = BlockInfo{};
+    };
+    for (std::uint32_t i = 0; i < s.slots; ++i) {
+      const std::uintptr_t a = s.base + static_cast<std::uintptr_t>(i) * s.slot_size;
+      if (s.is_allocated(i)) {
+        flush();
+        seg.blocks.push_back(BlockInfo{a, s.slot_size, s.slot_size, true, true, h});
+      } else {
+        if (run.size == 0) run = BlockInfo{a, 0, 0, false, true, h};
+        run.size += s.slot_size;
+      }
+    }
+    // The tail a slot size leaves over in the granule.
+    const std::size_t used = static_cast<std::size_t>(s.slots) * s.slot_size;
+    if (used < kGranule) {
+      if (run.size == 0) run = BlockInfo{s.base + used, 0, 0, false, true, h};
+      run.size += kGranule - used;
+    }
+    flush();
+  });
+}
+
+bool Heap::check_locked(std::string* why, std::int64_t* live, std::size_t* arena_spans,
+                        std::size_t* front_spans) const {
+  std::size_t large_live = 0;
+  if (!arena_.check(why, &large_live, arena_spans)) return false;
+  std::int64_t small_live = 0;
+  for (const auto& sp : small_.spans()) {
+    const Span& s = *sp;
+    std::uint32_t allocated = 0;
+    for (std::uint32_t i = 0; i < s.slots; ++i) allocated += s.is_allocated(i) ? 1 : 0;
+    if (allocated + s.pending != s.slots - s.free_count) {
+      if (why != nullptr) *why = "span bitmap and free stack disagree";
+      return false;
+    }
+    // A borrowed span waits for its lender to attach it (borrow_span).
+    if (s.block == nullptr || s.block->free || (s.block->span != &s && !s.in_flight) ||
+        s.owner != this || s.arena_heap == nullptr) {
+      if (why != nullptr) *why = "span's block";
+      return false;
+    }
+    small_live += static_cast<std::int64_t>(allocated * s.slot_size);
+  }
+  *front_spans = small_.spans().size();
+  const std::int64_t blocks_live = small_live + static_cast<std::int64_t>(large_live);
+  if (live_.load() != blocks_live) {
+    if (why != nullptr)
+      *why = "live bytes disagree with the blocks (" + std::to_string(live_.load()) + " vs " +
+             std::to_string(blocks_live) + ")";
+    return false;
+  }
+  if (mapped_.load() != arena_.mapped_bytes()) {
+    if (why != nullptr) *why = "the heap's mapped-bytes mirror is stale";
+    return false;
+  }
+  *live = blocks_live;
+  return true;
+}
+
+}  // namespace gvm::detail

@@ -1,0 +1,180 @@
+// Heap: the memory one stream allocates from (small and large blocks), or a
+// shared heap - a device's peer scratch buffer, a private pool (CUDA graphs,
+// MemPool) - serving large blocks to any stream.
+//
+// Composition: a LargeArena (blocks and chunks) and, for a stream's heap, a
+// SmallBlocks front end, behind one spin lock that no other stream's heap
+// shares: threads on different streams never queue behind each other on a
+// cached allocation, large blocks included. Everything slow happens with
+// that lock released: growth (the physical backing, through the device heap),
+// stream-order waits (the access tracker), releases and their fences.
+//
+// Locking: lock_ guards the arena, the spans and the page-map fields of this
+// heap's granules. It is a leaf lock: nothing else is taken while it is held
+// except the page map's leaf creation (lock-free). growing_ serialises the
+// growths of this heap (two blocks of one heap may share an unmapped granule)
+// and is taken with lock_ released.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "gvm/memory_map.hpp"
+#include "gvm/stats.hpp"
+#include "large_arena.hpp"
+#include "small_blocks.hpp"
+#include "spin_lock.hpp"
+#include "stream_state.hpp"
+
+namespace gvm::detail {
+
+class DeviceHeap;
+
+class Heap {
+ public:
+  enum class Kind { stream, scratch, pool };
+
+  // `stream`: the stream a stream heap serves (null for shared heaps).
+  Heap(DeviceHeap& device, Kind kind, StreamState* stream, std::uint64_t pool, bool first);
+  ~Heap();  // the owner has fenced every device
+  Heap(const Heap&) = delete;
+  Heap& operator=(const Heap&) = delete;
+
+  Kind kind() const noexcept { return kind_; }
+  int device() const noexcept;
+  std::uint64_t pool() const noexcept { return pool_; }
+  StreamState* stream() const noexcept { return stream_.load(std::memory_order_acquire); }
+  // A retired stream's heap given to a new stream (its old stream is
+  // complete: nothing of it is pending). Device heap only.
+  void adopt(StreamState& s) noexcept { stream_.store(&s, std::memory_order_release); }
+  // Requests up to this size go to allocate_small (0: none do).
+  std::size_t small_max() const noexcept { return small_max_; }
+  // The first stream heap of its device (its region is the large one).
+  bool first() const noexcept { return first_; }
+  bool backing_on_demand() const noexcept { return arena_.on_demand(); }
+
+  // --- blocks -------------------------------------------------------------
+  void* allocate_small(std::size_t bytes);
+  // A block of at least `bytes` ordered on `user`'s stream. Throws
+  // out_of_memory, driver_error.
+  void* allocate_large(std::size_t bytes, StreamState& user);
+  // Frees the live large block starting at addr and returns true; returns
+  // false, changing nothing, when none of this heap starts there. Throws
+  // usage_error (nothing changed) for a size that does not match.
+  // `*requested`: what the block was allocated with.
+  bool deallocate_large(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream,
+                        std::size_t* requested);
+  // Frees a slot of span s (this heap is its owner). Throws usage_error for
+  // a slot that is not live or a size of another class.
+  void free_slot(Span* s, std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream);
+  // `user` (a stream of this device) also uses the live slot / block at
+  // addr. record_large: false if no live large block starts there.
+  void record_slot(Span* s, std::uintptr_t addr, StreamState& user);
+  bool record_large(std::uintptr_t addr, StreamState& user);
+  // `user` (of any device) uses the live slot / block holding addr: its
+  // free, and any fence before this memory's access changes, wait for it.
+  void note_slot(Span* s, std::uintptr_t addr, StreamState& user);
+  void note_large(std::uintptr_t addr, StreamState& user);
+  bool is_live_block(std::uintptr_t addr, std::size_t bytes) const;
+  bool holds(std::uintptr_t addr) const;
+
+  // --- for the device heap ----------------------------------------------------
+  // A wholly mapped free block of `size` for `taker`, a stream of another
+  // heap: carved here, live here, ordered after this heap's work on it.
+  // Null if none fits. Never waits for a lock held by a growth.
+  void* steal(std::size_t size, std::size_t bytes, StreamState& taker);
+  // A mapped free granule for another heap's span (the span is the
+  // borrower's; the granule stays in this arena until the span is unused).
+  // Null if none, or if this heap's lock is busy.
+  Block* lend_granule(StreamState& taker);
+  void attach_span(Block* b, Span* s);
+  // A lent granule comes back, waiting for `waits`.
+  void return_lent(Block* b, const WaitSet& waits);
+  // Returns whole cached chunks to the driver, behind the fence, until
+  // `want` bytes are dropped (all: every one). Returns the bytes dropped.
+  std::size_t release_cached(std::size_t want, bool all);
+  // Unused spans back to the large arena; how many.
+  std::size_t reclaim_spans();
+  void drop_unused_regions();
+  std::size_t cached_bytes() const;
+  std::size_t largest_cached_block() const;
+  std::size_t mapped_bytes() const;
+  // mapped_bytes() without the lock, possibly a moment old (steal's filter).
+  std::size_t mapped_estimate() const noexcept { return mapped_.load(std::memory_order_relaxed); }
+
+  // --- the peer scratch -------------------------------------------------------
+  // Who may access this heap's chunks (the owner first). Changed only by the
+  // peer-access part under the allocator's exclusive policy lock; growth
+  // reads it under the shared one.
+  const std::vector<vmm::AccessDesc>& access() const noexcept { return access_; }
+  void set_access_list(std::vector<vmm::AccessDesc> a) { access_ = std::move(a); }
+  // The mapped chunks, for an access change.
+  std::vector<Run> chunk_ranges() const;
+  // Every stream that may touch this heap's memory now: live blocks' streams
+  // and users, free blocks' waits (the fence before an access change).
+  WaitSet touching() const;
+
+  // --- accounting -------------------------------------------------------------
+  std::int64_t live_bytes() const noexcept { return live_.load(std::memory_order_relaxed); }
+  void add_stats(DeviceStats& s) const;
+  // With every heap of the device locked (a lent span's slots are its
+  // borrower's): device_heap.cpp's memory_map and check take them all.
+  SpinLock& lock() const noexcept { return lock_; }
+  void memory_map_locked(std::vector<SegmentInfo>& out) const;
+  // Spans counted in this arena and in this front end: the device compares
+  // the sums (a lent span is in one heap's arena and another's front end).
+  bool check_locked(std::string* why, std::int64_t* live, std::size_t* arena_spans,
+                    std::size_t* front_spans) const;
+
+ private:
+  void* finish_large(Block* b, StreamState& user, std::size_t bytes, bool hit);
+  Block* grow_for(std::size_t size, std::size_t alignment, StreamState& user, std::size_t requested,
+                  WaitSet* waits);
+  void map_under(Block* b, std::vector<std::uint32_t>& counted, std::size_t requested);
+  void add_region_for(std::size_t size, std::size_t alignment, std::size_t requested);
+  // A new span of the class (its first slot in *first).
+  Span* new_span(int size_class, std::size_t bytes, std::uintptr_t* first);
+  Span* borrow_span(int size_class, StreamState& own, std::uintptr_t* first);
+  void drain_lent();
+  void give_back_span(Span* s);  // lock_ held
+  void add_live(std::int64_t n) noexcept;
+  WaitSet tokens_now(const Block* b, StreamState* also) const;
+
+  DeviceHeap& device_;
+  const Kind kind_;
+  std::atomic<StreamState*> stream_;
+  const std::uint64_t pool_;
+  const bool first_;  // the first heap of its device: the large region
+  const std::size_t small_max_;
+  std::vector<vmm::AccessDesc> access_;
+
+  mutable SpinLock lock_;
+  std::mutex growing_;
+  LargeArena arena_;
+  SmallBlocks small_;
+  // Lent granules whose spans went unused, to go home with lock_ released.
+  struct LentBlock {
+    Heap* heap;
+    Block* block;
+    WaitSet waits;
+  };
+  std::vector<LentBlock> lent_back_;
+
+  // Live bytes (written under lock_, read by anyone) and the watermark above
+  // which this heap may be setting a new device peak (device_heap.hpp).
+  std::atomic<std::int64_t> live_{0};
+  std::atomic<std::size_t> mapped_{0};  // arena_.mapped_bytes(), written under lock_
+  std::atomic<std::int64_t> peak_watermark_{-1};
+  // Counters, under lock_.
+  std::uint64_t allocations_ = 0;
+  std::uint64_t frees_ = 0;
+  std::uint64_t hits_ = 0;
+  std::uint64_t cross_stream_waits_ = 0;
+  std::atomic<std::uint64_t> waits_outside_{0};  // counted with lock_ released
+};
+
+}  // namespace gvm::detail

@@ -1,0 +1,259 @@
+// LargeArena: the blocks of one heap - best fit with coalescing over the
+// heap's regions - and the physical chunks mapped under them.
+//
+//   region (one reservation, or one cuMemAlloc segment without VMM)
+//   +-----------------------------------------------------------------+
+//   | blk | span | blk (free) | blk ... |        free (unmapped)      |
+//   +-----------------------------------------------------------------+
+//   |<- chunk 0 ->|<-- chunk 1 -->|<- chunk 2 ->|   (mapped on demand)
+//
+// Pure bookkeeping: it never calls the driver. Its heap (heap.hpp) reserves,
+// maps and unmaps through the physical backing with no lock held, then hands
+// the results in. Not thread-safe: the heap's lock guards every call.
+//
+// Chunk lifecycle: install_chunk (mapped, live 0) -> commit/uncommit count the
+// blocks over it -> begin_release carves its wholly free range out of the free
+// set (so nothing is handed out from it while the fence runs) -> end_release
+// gives the range back, unmapped or, when the unmap failed, as it was.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "block.hpp"
+#include "gvm/memory_map.hpp"
+#include "gvm/vmm/driver.hpp"
+#include "gvm/vmm/owners.hpp"
+#include "node_pool.hpp"
+#include "page_map.hpp"
+
+namespace gvm::detail {
+
+using Run = std::pair<std::uintptr_t, std::size_t>;
+
+class LargeArena {
+ public:
+  // `owner`: what the page map names for granules mapped here. `on_demand`:
+  // VMM (regions are address space, chunks mapped under blocks) or not
+  // (each region is a segment backed as a whole).
+  LargeArena(vmm::Driver& driver, int device, PageMap& pages, Heap* owner, bool on_demand);
+  ~LargeArena();  // the caller has fenced: unmaps, releases and unreserves
+  LargeArena(const LargeArena&) = delete;
+  LargeArena& operator=(const LargeArena&) = delete;
+
+  bool on_demand() const noexcept { return on_demand_; }
+
+  // --- regions ----------------------------------------------------------
+  // VMM: a new reservation, all of it one free (unmapped) block.
+  void add_region(vmm::ReservedRange va);
+  // No VMM: a segment, backed as a whole: one region and one chunk.
+  // `release` frees it again (the backing's cuMemFree).
+  void add_segment(vmm::DevicePtr base, std::size_t size);
+  // Extra reservations that are wholly free and unmapped go (the first
+  // stays: it is where the next allocation goes). Returns how many.
+  std::size_t drop_unused_regions();
+  std::size_t region_count() const noexcept { return regions_.size(); }
+
+  // --- blocks -----------------------------------------------------------
+  // The best free block of at least `size` at `alignment`, carved out and
+  // returned allocated (not yet committed; its waits are what its taker
+  // must order after). Among the few best fits one whose waits name only
+  // `taker` wins (a stream reuses its own memory without waiting).
+  // mapped_only: only blocks whose every granule is mapped (a steal).
+  // Null when nothing fits.
+  Block* take(std::size_t size, std::size_t alignment, const StreamState* taker, bool mapped_only);
+  // A block handed out from `take` or freed by its user goes back: free,
+  // with b->waits as the work a taker must wait for, merged with free
+  // neighbours where mergeable.
+  void give_back(Block* b);
+  // The largest free block's size, mapped bytes only (cacheInfo).
+  std::size_t largest_mapped_free() const;
+
+  void link_start(Block* b);
+  void unlink_start(Block* b);
+  Block* find_start(std::uintptr_t addr) const;
+  // The live block holding [addr, addr + bytes), or null (peer_copy checks).
+  const Block* live_block_holding(std::uintptr_t addr, std::size_t bytes) const;
+  Block* live_block_holding(std::uintptr_t addr, std::size_t bytes) {
+    return const_cast<Block*>(std::as_const(*this).live_block_holding(addr, bytes));
+  }
+  bool holds(std::uintptr_t addr) const noexcept;
+
+  // No granule of b is mapped / every granule is.
+  bool unmapped(const Block* b) const;
+  bool fully_mapped(const Block* b) const;
+  // Runs of unmapped granules under b.
+  std::vector<Run> unmapped_runs(const Block* b) const;
+  // Counts b on the chunks under it (all mapped) / uncounts it.
+  void commit(const Block* b);
+  void uncommit(const Block* b);
+  // The same, remembering which chunks were counted: a block that grows is
+  // counted again once its growth is serialised (heap.cpp, map_under),
+  // because another growth may have mapped part of it meanwhile.
+  void commit(const Block* b, std::vector<std::uint32_t>& counted);
+  void uncommit(const std::vector<std::uint32_t>& counted);
+
+  // --- chunks -----------------------------------------------------------
+  // A chunk mapped under a block being committed: `live` blocks over it.
+  std::uint32_t install_chunk(vmm::MappedChunk mem, std::uint32_t live);
+  // The mapped chunks' ranges (an access change applies to each).
+  std::vector<Run> chunk_ranges() const;
+  // f(block) for every block of every region, in address order per region.
+  template <typename F>
+  void for_each_block(F&& f) const {
+    for (const auto& r : regions_)
+      for (const Block* b = r->first; b != nullptr; b = b->next) f(*b);
+  }
+  // Wholly free chunks (live 0, not being released), largest first.
+  std::vector<std::uint32_t> cached_chunks() const;
+  std::size_t cached_bytes() const;
+  std::size_t chunk_size(std::uint32_t c) const { return chunks_[c].size; }
+  std::size_t mapped_bytes() const noexcept { return mapped_; }
+  // A chunk on its way out: its range is carved out of the free set and its
+  // driver handles are held here, so the driver call runs with no lock.
+  struct Release {
+    std::uint32_t chunk = 0;
+    std::size_t size = 0;
+    vmm::MappedChunk mem;        // VMM
+    vmm::DevicePtr segment = 0;  // no VMM
+  };
+  // Begins the release of chunk c; returns what it must wait for.
+  WaitSet begin_release(std::uint32_t c, Release* out);
+  // The driver call that drops it (VMM: unmap + release; no VMM: cuMemFree
+  // of the segment). No lock needed.
+  vmm::Result drop(Release& r) noexcept;
+  // After drop: on success the range is free and unmapped (no waits); on
+  // failure it is free again as it was and the chunk stays mapped.
+  void end_release(Release& r, bool dropped);
+
+  // Counters for stats.
+  std::uint64_t chunks_mapped() const noexcept { return chunks_mapped_; }
+  std::uint64_t chunks_unmapped() const noexcept { return chunks_unmapped_; }
+
+  // Appends this arena's segments (runs of mapped chunks) and blocks.
+  // Spans are described by `describe_span` (the heap knows their slots).
+  template <typename F>
+  void memory_map(std::vector<SegmentInfo>& out, SegmentInfo proto, F&& describe_span) const;
+  // Blocks tile the regions, the free set is exact, chunk counts and the
+  // page map agree. Returns the live bytes of large blocks via *large_live.
+  bool check(std::string* why, std::size_t* large_live, std::size_t* spans) const;
+
+  // f(chunk index) for each chunk under b.
+  template <typename F>
+  void for_each_chunk(const Block* b, F&& f) const;
+
+ private:
+  struct ChunkRec {
+    vmm::MappedChunk mem;  // VMM
+    std::uintptr_t addr = 0;
+    std::size_t size = 0;
+    std::uint32_t live = 0;  // allocated blocks (and spans) overlapping it
+    Region* segment = nullptr;  // no VMM: the region it stands for
+    bool in_use = false;
+    bool releasing = false;
+  };
+  struct BySizeAddr {
+    bool operator()(const Block* a, const Block* b) const noexcept {
+      return a->size != b->size ? a->size < b->size : a->addr < b->addr;
+    }
+  };
+
+  Block* find_fit(std::size_t size, std::size_t alignment, const StreamState* taker,
+                  bool mapped_only);
+  Block* split_to(Block* b, std::uintptr_t at, std::size_t size);
+  Block* split_after(Block* x, std::size_t keep);
+  Region& new_region(std::uintptr_t base, std::size_t size);
+  void remove_region(Region* r);
+  std::uint32_t new_chunk_slot();
+  void set_granules(std::uintptr_t addr, std::size_t size, std::uint32_t chunk_plus_1, Heap* owner);
+
+  vmm::Driver& driver_;  // only for the segments of the no-VMM path
+  const int device_;
+  PageMap& pages_;
+  Heap* const owner_;
+  const bool on_demand_;
+  BlockPool blocks_;
+  std::vector<std::unique_ptr<Region>> regions_;
+  NodeArena free_nodes_;  // declared before free_: outlives it
+  std::set<Block*, BySizeAddr, NodePool<Block*>> free_{BySizeAddr{}, NodePool<Block*>(free_nodes_)};
+  std::vector<ChunkRec> chunks_;
+  std::vector<std::uint32_t> free_chunk_slots_;
+  std::size_t mapped_ = 0;
+  std::uint64_t chunks_mapped_ = 0;
+  std::uint64_t chunks_unmapped_ = 0;
+};
+
+template <typename F>
+inline void LargeArena::for_each_chunk(const Block* b, F&& f) const {
+  if (!on_demand_) {
+    f(b->region->segment_chunk - 1);
+    return;
+  }
+  // Hop from chunk to chunk: a 1 GiB block over 128 MiB chunks is 8 steps,
+  // not 512 granules.
+  for (std::uintptr_t g = b->addr & ~(kGranule - 1); g < b->end();) {
+    const PageEntry* e = pages_.find(g);
+    const std::uint32_t c = e == nullptr ? 0 : e->chunk;
+    if (c == 0) {
+      g += kGranule;
+      continue;
+    }
+    f(c - 1);
+    g = chunks_[c - 1].addr + chunks_[c - 1].size;
+  }
+}
+
+template <typename F>
+void LargeArena::memory_map(std::vector<SegmentInfo>& out, SegmentInfo proto,
+                            F&& describe_span) const {
+  std::vector<Run> segs;
+  for (const ChunkRec& c : chunks_)
+    if (c.in_use) segs.emplace_back(c.addr, c.size);
+  std::sort(segs.begin(), segs.end());
+  std::vector<Run> runs;
+  for (const auto& s : segs) {
+    if (on_demand_ && !runs.empty() && runs.back().first + runs.back().second == s.first)
+      runs.back().second += s.second;
+    else
+      runs.push_back(s);
+  }
+  std::vector<const Block*> all;
+  for (const auto& r : regions_)
+    for (const Block* b = r->first; b != nullptr; b = b->next) all.push_back(b);
+  std::sort(all.begin(), all.end(), [](const Block* a, const Block* b) { return a->addr < b->addr; });
+  std::size_t bi = 0;
+  for (const auto& [addr, size] : runs) {
+    SegmentInfo seg = proto;
+    seg.addr = addr;
+    seg.size = size;
+    const std::uintptr_t end = addr + size;
+    while (bi < all.size() && all[bi]->end() <= addr) ++bi;
+    for (std::size_t k = bi; k < all.size() && all[k]->addr < end; ++k) {
+      const Block* b = all[k];
+      if (!b->free && b->span != nullptr) {
+        describe_span(seg, *b->span);
+        continue;
+      }
+      // A free block may run past the mapped range: clip it to the segment.
+      const std::uintptr_t lo = std::max(b->addr, addr);
+      const std::uintptr_t hi = std::min(b->end(), end);
+      BlockInfo info;
+      info.addr = lo;
+      info.size = static_cast<std::size_t>(hi - lo);
+      info.allocated = !b->free && !b->releasing;
+      info.requested = info.allocated ? b->requested : 0;
+      const StreamState* s = b->free ? b->waits.sole_stream() : b->stream;
+      info.stream = s == nullptr ? nullptr : s->handle();
+      seg.blocks.push_back(info);
+    }
+    out.push_back(std::move(seg));
+  }
+}
+
+}  // namespace gvm::detail

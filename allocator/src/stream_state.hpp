@@ -1,0 +1,76 @@
+// StreamState: what gvmalloc knows about one stream of one device, and the
+// event through which other streams and fences wait for its work.
+//
+// Rule (docs/design-notes.md, "Streams"): gvmalloc calls the driver with a
+// stream's handle only while that stream is alive, and a stream is alive from
+// the first call that names it until Allocator::forget_stream(handle). After
+// that the state is retired: its handle is never touched again (the driver
+// may hand the same value to a new stream, which then gets a new state), and
+// work it left is waited for through its last event or a device sync.
+//
+// Epochs. `started_` counts event records begun on the stream; a free
+// remembers the count it saw (a Token). A record that begins after that is
+// issued after every use the freeing thread enqueued before the free, so the
+// event, once recorded with a later number, covers the token. Waiting on the
+// latest event may wait a little longer than needed (work queued after the
+// free), never less.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+
+#include "gvm/vmm/owners.hpp"
+#include "gvm/vmm/types.hpp"
+
+namespace gvm::detail {
+
+class StreamState {
+ public:
+  StreamState(std::uint64_t id, int device, vmm::StreamHandle handle) noexcept
+      : id_(id), device_(device), handle_(handle) {}
+  StreamState(const StreamState&) = delete;
+  StreamState& operator=(const StreamState&) = delete;
+
+  std::uint64_t id() const noexcept { return id_; }
+  int device() const noexcept { return device_; }
+  vmm::StreamHandle handle() const noexcept { return handle_; }
+
+  // The epoch a free made now would remember (see above). Lock-free.
+  std::uint64_t epoch() const noexcept { return started_.load(std::memory_order_acquire); }
+
+  bool retired() const noexcept { return retired_.load(std::memory_order_acquire); }
+  void retire() noexcept { retired_.store(true, std::memory_order_release); }
+  // Retired and every piece of its work known complete (a device sync ran
+  // after it was retired): its tokens need no wait at all.
+  bool complete() const noexcept { return complete_.load(std::memory_order_acquire); }
+  void mark_complete() noexcept { complete_.store(true, std::memory_order_release); }
+
+  // Under lock(): the event and the number of the record it holds.
+  std::mutex& lock() const noexcept { return mu_; }
+  vmm::Event& event() noexcept { return event_; }
+  std::uint64_t recorded() const noexcept { return recorded_; }
+  // Begins a record: the number it will carry (lock() held).
+  std::uint64_t begin_record() noexcept { return started_.fetch_add(1, std::memory_order_acq_rel) + 1; }
+  void end_record(std::uint64_t number) noexcept { recorded_ = number; }
+
+ private:
+  const std::uint64_t id_;
+  const int device_;
+  const vmm::StreamHandle handle_;
+  std::atomic<std::uint64_t> started_{0};
+  std::atomic<bool> retired_{false};
+  std::atomic<bool> complete_{false};
+  mutable std::mutex mu_;
+  vmm::Event event_;            // recorded on this stream only, re-recorded at will
+  std::uint64_t recorded_ = 0;  // number of the record the event holds (0: none)
+};
+
+// "The work `stream` had queued when its epoch was `epoch`."
+struct Token {
+  StreamState* stream = nullptr;
+  std::uint64_t epoch = 0;
+  friend bool operator==(const Token&, const Token&) = default;
+};
+
+}  // namespace gvm::detail
