@@ -495,6 +495,7 @@ void* Heap::allocate_small(std::size_t bytes) {
   const int cls = size_class_of(bytes);
   const std::size_t slot = class_size(cls);
   for (;;) {
+    bool cold = false;
     {
       std::lock_guard<SpinLock> guard(lock_);
       std::uintptr_t p = small_.pop(cls);
@@ -504,7 +505,12 @@ void* Heap::allocate_small(std::size_t bytes) {
         add_live(static_cast<std::int64_t>(slot));
         return reinterpret_cast<void*>(p);
       }
+      cold = small_.cold(cls, device_.config().span_warmup_allocations);
     }
+    // A class still cold is served best fit by the large arena: a span
+    // commits a whole granule to one class of this stream, which a class of
+    // a few blocks mostly wastes (docs/design-notes.md, "Fragmentation").
+    if (cold) return allocate_large(bytes, *stream());
     // No free slot in any span of the class: a new span (its granule from
     // this heap's arena or lent by another, with the lock released), whose
     // first slot is ours.

@@ -3,10 +3,6 @@
 //
 //   cold classes      a size class is served best fit from the arena until it
 //                     has made span_warmup allocations on a stream, then spans
-//   own vs mapped     a block of the allocating stream that needs growth loses
-//                     to a best fit that is mapped already
-//   subset merge      a free block of {main} merges with a free neighbour of
-//                     {main, side}; {a} and {b} stay apart
 //   new-peak release  a growth that would set a new peak of reserved bytes
 //                     returns wholly free chunks first, whatever its size;
 //                     empty spans are given back before such a release
@@ -120,75 +116,6 @@ TEST_F(FragmentationPolicy, ColdSmallBlocksFreedOnAnotherStreamAreWaitedFor) {
   EXPECT_EQ(sim_->race_count(), 0u);
   a.deallocate(q, 4096, 0, t);
   EXPECT_TRUE(invariants());
-}
-
-// A block of stream s that needs growth (the arena's unmapped tail, last
-// used by s) against a mapped hole that s and t both used: the hole wins.
-TEST_F(FragmentationPolicy, AnOwnBlockThatNeedsGrowthLosesToAMappedBestFit) {
-  Allocator& a = make();
-  StreamHandle s = new_stream(), t = new_stream();
-  void* hole = a.allocate(64 * kMiB, 0, s);
-  void* keep = a.allocate(4 * kMiB, 0, s);
-  void* tail = a.allocate(32 * kMiB, 0, s);
-  a.deallocate(tail, 32 * kMiB, 0, s);  // the tail, tagged s ...
-  a.trim(0);                            // ... and unmapped
-  a.deallocate(hole, 64 * kMiB, 0, t);  // a mapped hole of s and t
-  const std::size_t reserved = stats().reserved_bytes;
-  void* p = a.allocate(16 * kMiB, 0, s);
-  EXPECT_EQ(p, hole) << "the mapped hole, not the own-stream tail";
-  EXPECT_EQ(stats().reserved_bytes, reserved) << "no growth";
-  a.deallocate(p, 16 * kMiB, 0, s);
-  a.deallocate(keep, 4 * kMiB, 0, s);
-  EXPECT_TRUE(invariants());
-}
-
-TEST_F(FragmentationPolicy, AFreeBlockOfTheMainStreamMergesWithItsSideStreamNeighbour) {
-  Allocator& a = make();
-  StreamHandle main = new_stream(), side = new_stream(), other = new_stream();
-  void* x = a.allocate(8 * kMiB, 0, main);
-  void* y = a.allocate(8 * kMiB, 0, side);
-  void* keep = a.allocate(8 * kMiB, 0, main);
-  a.deallocate(x, 8 * kMiB, 0, main);  // {main}
-  a.deallocate(y, 8 * kMiB, 0, main);  // {side, main}: includes {main}
-  const auto merged = a.memory_map(0);
-  const BlockInfo* b = block_at(merged, x);
-  ASSERT_NE(b, nullptr);
-  EXPECT_FALSE(b->allocated);
-  EXPECT_EQ(b->size, 16 * kMiB) << "one free block over both";
-  // Disjoint streams stay apart.
-  void* u = a.allocate(16 * kMiB, 0, main);
-  void* v = a.allocate(8 * kMiB, 0, other);
-  void* keep2 = a.allocate(8 * kMiB, 0, main);
-  a.deallocate(keep, 8 * kMiB, 0, main);
-  a.deallocate(v, 8 * kMiB, 0, other);
-  const auto map = a.memory_map(0);
-  const BlockInfo* bv = block_at(map, v);
-  ASSERT_NE(bv, nullptr);
-  EXPECT_FALSE(bv->allocated);
-  EXPECT_EQ(bv->size, 8 * kMiB) << "{other} does not merge with {main}";
-  a.deallocate(u, 16 * kMiB, 0, main);
-  a.deallocate(keep2, 8 * kMiB, 0, main);
-  EXPECT_TRUE(invariants());
-}
-
-// Merging is not transitive: {a} between {a,b} and {b} merges with {a,b},
-// and the result must then take {b} too.
-TEST_F(FragmentationPolicy, MergingRepeatsUntilNoNeighbourIsMergeable) {
-  Allocator& a = make();
-  StreamHandle sa = new_stream(), sb = new_stream();
-  void* left = a.allocate(8 * kMiB, 0, sa);
-  void* mid = a.allocate(8 * kMiB, 0, sa);
-  void* right = a.allocate(8 * kMiB, 0, sb);
-  void* keep = a.allocate(8 * kMiB, 0, sa);
-  a.deallocate(left, 8 * kMiB, 0, sb);   // {a, b}
-  a.deallocate(right, 8 * kMiB, 0, sb);  // {b}
-  a.deallocate(mid, 8 * kMiB, 0, sa);    // {a}: merges both ways
-  const auto map = a.memory_map(0);
-  const BlockInfo* b = block_at(map, left);
-  ASSERT_NE(b, nullptr);
-  EXPECT_EQ(b->size, 24 * kMiB);
-  EXPECT_TRUE(invariants());
-  a.deallocate(keep, 8 * kMiB, 0, sa);
 }
 
 // A 60 MiB growth is far below one 128 MiB chunk: it used to be too small
