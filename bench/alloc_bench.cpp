@@ -1,5 +1,5 @@
 // gvm-bench-alloc: gvmalloc and the CUDA runtime's allocators side by side, in
-// one binary, so every comparison is measured in one run (STYLE.md item 12).
+// one binary, so every comparison is measured in one run (docs/benchmarks.md).
 //
 //   gvm_cuda         gvm::Allocator on the real driver (CudaDriver)
 //   cudaMalloc       cudaMalloc / cudaFree
@@ -13,10 +13,11 @@
 //                    says expandable_segments:True (tools/bench-all.sh runs
 //                    the binary once per mode)
 //
-// Every implementation allocates on device 0 on one non-default stream made
-// once (cudaStreamNonBlocking for the runtime, Driver::stream_create for
-// gvmalloc), so stream-ordered semantics match. Without a GPU the GPU variants
-// are skipped with the reason; the simulated one runs.
+// The allocators come from the backend layer (bench/backend.hpp). Every one
+// allocates on device 0 on one non-default stream made once
+// (cudaStreamNonBlocking for the runtime, TestDriver::stream_create for gvmalloc),
+// so stream-ordered semantics match. One that cannot run here (no GPU, no
+// torch) is not registered; one line per reason on stderr says which and why.
 //
 //   BM_pair/<impl>/<bytes>  one alloc + free pair per iteration, warm (one
 //                           pair before the timing). Time = ns per pair.
@@ -39,267 +40,57 @@
 #include <random>
 #include <stdexcept>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include "gvm/allocator.hpp"
+#include "backend.hpp"
 #include "gvm/config.hpp"
-#include "gvm/vmm/cuda_driver.hpp"
-#include "gvm/vmm/sim_driver.hpp"
-#include "torch_baseline.hpp"
-
-#if GVM_BENCH_HAVE_CUDART
-#include <cuda_runtime_api.h>
-#endif
 
 namespace {
 
-constexpr int kDevice = 0;
+using gvm::bench::Backend;
+using gvm::bench::BackendHost;
+using gvm::bench::BackendKind;
+using gvm::bench::StreamHandle;
 
-// One allocator under test, on device 0 and the benchmark stream. Failures
-// throw std::runtime_error (or the allocator's own error).
-class Impl {
- public:
-  virtual ~Impl() = default;
-  virtual void* allocate(std::size_t bytes) = 0;
-  virtual void deallocate(void* p, std::size_t bytes) = 0;
-  // Waits for the stream; called outside the timing only.
-  virtual void synchronize() = 0;
-};
+// In the order the results are printed.
+const std::vector<BackendKind> kKinds = {BackendKind::gvm_cuda, BackendKind::cuda_malloc,
+                                         BackendKind::cuda_malloc_async, BackendKind::gvm_sim_h200,
+                                         BackendKind::torch};
 
-// --- gvmalloc ----------------------------------------------------------------
-
-// A driver and the stream the benchmarks use on it, made once per process.
-class GvmEnv {
- public:
-  // `driver` null: unavailable, for the reason `why_not`.
-  GvmEnv(std::unique_ptr<gvm::vmm::Driver> driver, std::string why_not)
-      : driver_(std::move(driver)), why_not_(std::move(why_not)) {
-    if (!driver_) return;
-    const gvm::vmm::Result r = driver_->stream_create(kDevice, &stream_);
-    if (r != gvm::vmm::Result::success) {
-      why_not_ = "cuStreamCreate failed: " + gvm::vmm::result_name(r);
-      stream_ = nullptr;
-      driver_.reset();
-    }
-  }
-  GvmEnv(const GvmEnv&) = delete;
-  GvmEnv& operator=(const GvmEnv&) = delete;
-  ~GvmEnv() {
-    if (driver_ && stream_) {
-      (void)driver_->stream_synchronize(kDevice, stream_);
-      (void)driver_->stream_destroy(kDevice, stream_);
-    }
-  }
-
-  gvm::vmm::Driver* driver() const noexcept { return driver_.get(); }
-  gvm::vmm::StreamHandle stream() const noexcept { return stream_; }
-  const std::string& why_not() const noexcept { return why_not_; }
-
- private:
-  std::unique_ptr<gvm::vmm::Driver> driver_;
-  gvm::vmm::StreamHandle stream_ = nullptr;
-  std::string why_not_;
-};
-
-GvmEnv& cuda_env() {
-  static GvmEnv env = [] {
-    std::string why;
-    auto driver = gvm::vmm::try_load_cuda_driver(&why);
-    std::string why_not;
-    if (!driver) why_not = why.rfind("no CUDA driver", 0) == 0 ? why : "no CUDA driver: " + why;
-    return GvmEnv(std::move(driver), std::move(why_not));
-  }();
-  return env;
+const char* label_of(BackendKind kind) {
+  return kind == BackendKind::gvm_sim_h200 ? "simulated H200: front end only, no GPU" : "";
 }
 
-GvmEnv& sim_env() {
-  static GvmEnv env(gvm::vmm::SimDriver::uniform(gvm::vmm::Profile::h200, 1), "");
-  return env;
-}
+// One benchmark's allocator: a fresh backend on the host's first stream.
+struct Subject {
+  BackendHost* host;
+  std::unique_ptr<Backend> backend;
+  StreamHandle stream;
 
-class GvmImpl final : public Impl {
- public:
-  explicit GvmImpl(GvmEnv& env) : env_(env), allocator_(*env.driver(), gvm::config_from_env()) {}
-  void* allocate(std::size_t bytes) override {
-    return allocator_.allocate(bytes, kDevice, env_.stream());
-  }
-  void deallocate(void* p, std::size_t bytes) override {
-    allocator_.deallocate(p, bytes, kDevice, env_.stream());
-  }
-  void synchronize() override {
-    gvm::vmm::check(env_.driver()->stream_synchronize(kDevice, env_.stream()),
-                    "cuStreamSynchronize");
-  }
-
- private:
-  GvmEnv& env_;
-  gvm::Allocator allocator_;
+  void* allocate(std::size_t bytes) { return backend->allocate(bytes, stream); }
+  void deallocate(void* p, std::size_t bytes) { backend->deallocate(p, bytes, stream); }
+  void synchronize() { host->synchronize(stream); }
 };
 
-// --- CUDA runtime baselines --------------------------------------------------
-
-#if GVM_BENCH_HAVE_CUDART
-void cuda_check(cudaError_t err, const std::string& what) {
-  if (err != cudaSuccess) {
-    throw std::runtime_error(what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) +
-                             ")");
+// The subject, or nullptr with the reason in *why.
+std::unique_ptr<Subject> make_subject(BackendKind kind, std::string* why) {
+  try {
+    BackendHost* host = gvm::bench::backend_host(kind, why);
+    if (host == nullptr) return nullptr;
+    host->bind_thread();
+    auto s = std::make_unique<Subject>();
+    s->host = host;
+    s->stream = host->stream(0);
+    s->backend = host->make_backend();
+    return s;
+  } catch (const std::exception& e) {
+    *why = e.what();
+    return nullptr;
   }
-}
-
-struct RuntimeEnv {
-  cudaStream_t stream = nullptr;
-  std::string why_not;
-  RuntimeEnv() {
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess) {
-      why_not = std::string("no CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(err) + ")";
-      return;
-    }
-    if (count == 0) {
-      why_not = "no CUDA device";
-      return;
-    }
-    try {
-      cuda_check(cudaSetDevice(kDevice), "cudaSetDevice");
-      cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-      // Keep freed memory in the pool: the warm case, as a framework runs it.
-      cudaMemPool_t pool = nullptr;
-      cuda_check(cudaDeviceGetDefaultMemPool(&pool, kDevice), "cudaDeviceGetDefaultMemPool");
-      std::uint64_t threshold = UINT64_MAX;
-      cuda_check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
-                 "cudaMemPoolSetAttribute(ReleaseThreshold)");
-    } catch (const std::exception& e) {
-      why_not = e.what();
-    }
-  }
-  RuntimeEnv(const RuntimeEnv&) = delete;
-  RuntimeEnv& operator=(const RuntimeEnv&) = delete;
-  ~RuntimeEnv() {
-    if (stream) (void)cudaStreamDestroy(stream);
-  }
-};
-
-RuntimeEnv& runtime_env() {
-  static RuntimeEnv env;
-  return env;
-}
-
-class CudaMallocImpl final : public Impl {
- public:
-  void* allocate(std::size_t bytes) override {
-    void* p = nullptr;
-    cuda_check(cudaMalloc(&p, bytes), "cudaMalloc(" + std::to_string(bytes) + ")");
-    return p;
-  }
-  void deallocate(void* p, std::size_t) override { cuda_check(cudaFree(p), "cudaFree"); }
-  void synchronize() override {
-    cuda_check(cudaStreamSynchronize(runtime_env().stream), "cudaStreamSynchronize");
-  }
-};
-
-class CudaMallocAsyncImpl final : public Impl {
- public:
-  void* allocate(std::size_t bytes) override {
-    void* p = nullptr;
-    cuda_check(cudaMallocAsync(&p, bytes, runtime_env().stream),
-               "cudaMallocAsync(" + std::to_string(bytes) + ")");
-    return p;
-  }
-  void deallocate(void* p, std::size_t) override {
-    cuda_check(cudaFreeAsync(p, runtime_env().stream), "cudaFreeAsync");
-  }
-  void synchronize() override {
-    cuda_check(cudaStreamSynchronize(runtime_env().stream), "cudaStreamSynchronize");
-  }
-};
-// PyTorch's caching allocator on the runtime's benchmark stream.
-class TorchImpl final : public Impl {
- public:
-  void* allocate(std::size_t bytes) override {
-    return gvm::bench::torch_alloc(bytes, runtime_env().stream);
-  }
-  void deallocate(void* p, std::size_t) override { gvm::bench::torch_free(p); }
-  void synchronize() override {
-    cuda_check(cudaStreamSynchronize(runtime_env().stream), "cudaStreamSynchronize");
-  }
-};
-#endif  // GVM_BENCH_HAVE_CUDART
-
-// --- which implementation ------------------------------------------------------
-
-enum class Kind { gvm_cuda, cuda_malloc, cuda_malloc_async, gvm_sim_h200, torch };
-
-struct KindInfo {
-  Kind kind;
-  const char* name;
-  const char* label;
-};
-
-constexpr KindInfo kKinds[] = {
-    {Kind::gvm_cuda, "gvm_cuda", ""},
-    {Kind::cuda_malloc, "cudaMalloc", ""},
-    {Kind::cuda_malloc_async, "cudaMallocAsync", ""},
-    {Kind::gvm_sim_h200, "gvm_sim_h200", "simulated H200: front end only, no GPU"},
-    {Kind::torch, "torch", ""},  // named by torch_impl_name() when registered
-};
-
-const char* impl_name(const KindInfo& info) {
-  return info.kind == Kind::torch ? gvm::bench::torch_impl_name() : info.name;
-}
-
-// The implementation, or nullptr and *why_not.
-std::unique_ptr<Impl> make_impl(Kind kind, std::string* why_not) {
-  switch (kind) {
-    case Kind::gvm_cuda: {
-      GvmEnv& env = cuda_env();
-      if (!env.driver()) {
-        *why_not = env.why_not();
-        return nullptr;
-      }
-      return std::make_unique<GvmImpl>(env);
-    }
-    case Kind::gvm_sim_h200: {
-      GvmEnv& env = sim_env();
-      if (!env.driver()) {
-        *why_not = env.why_not();
-        return nullptr;
-      }
-      return std::make_unique<GvmImpl>(env);
-    }
-    case Kind::cuda_malloc:
-    case Kind::cuda_malloc_async:
-#if GVM_BENCH_HAVE_CUDART
-      if (!runtime_env().why_not.empty()) {
-        *why_not = runtime_env().why_not;
-        return nullptr;
-      }
-      if (kind == Kind::cuda_malloc) return std::make_unique<CudaMallocImpl>();
-      return std::make_unique<CudaMallocAsyncImpl>();
-#else
-      *why_not = "built without the CUDA runtime (CUDA::cudart not found)";
-      return nullptr;
-#endif
-    case Kind::torch:
-#if GVM_BENCH_HAVE_CUDART
-      if (!gvm::bench::torch_baseline_available(why_not)) return nullptr;
-      if (!runtime_env().why_not.empty()) {
-        *why_not = runtime_env().why_not;
-        return nullptr;
-      }
-      return std::make_unique<TorchImpl>();
-#else
-      *why_not = "built without the CUDA runtime (CUDA::cudart not found)";
-      return nullptr;
-#endif
-  }
-  *why_not = "unknown implementation";
-  return nullptr;
 }
 
 // Frees what a benchmark still holds; never throws (used after an error too).
-void release_all(Impl& impl, std::vector<void*>& ptrs, const std::vector<std::size_t>& sizes) {
+void release_all(Subject& impl, std::vector<void*>& ptrs, const std::vector<std::size_t>& sizes) {
   for (std::size_t i = 0; i < ptrs.size(); ++i) {
     if (ptrs[i] == nullptr) continue;
     try {
@@ -316,20 +107,15 @@ void release_all(Impl& impl, std::vector<void*>& ptrs, const std::vector<std::si
 
 // --- BM_pair -------------------------------------------------------------------
 
-void bm_pair(benchmark::State& state, const KindInfo& info) {
+void bm_pair(benchmark::State& state, BackendKind kind) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
   std::string why;
-  std::unique_ptr<Impl> impl;
-  try {
-    impl = make_impl(info.kind, &why);
-  } catch (const std::exception& e) {
-    why = e.what();
-  }
+  std::unique_ptr<Subject> impl = make_subject(kind, &why);
   if (!impl) {
     state.SkipWithError(why.c_str());
     return;
   }
-  if (*info.label) state.SetLabel(info.label);
+  if (*label_of(kind)) state.SetLabel(label_of(kind));
   try {
     // Warm: the first pair may map memory; it is not what this measures.
     impl->deallocate(impl->allocate(bytes), bytes);
@@ -396,20 +182,15 @@ const MixedPlan& mixed_plan() {
   return plan;
 }
 
-void bm_mixed(benchmark::State& state, const KindInfo& info) {
+void bm_mixed(benchmark::State& state, BackendKind kind) {
   const MixedPlan& plan = mixed_plan();
   std::string why;
-  std::unique_ptr<Impl> impl;
-  try {
-    impl = make_impl(info.kind, &why);
-  } catch (const std::exception& e) {
-    why = e.what();
-  }
+  std::unique_ptr<Subject> impl = make_subject(kind, &why);
   if (!impl) {
     state.SkipWithError(why.c_str());
     return;
   }
-  if (*info.label) state.SetLabel(info.label);
+  if (*label_of(kind)) state.SetLabel(label_of(kind));
   std::vector<void*> ptrs(kMixedLive, nullptr);
   std::vector<std::size_t> sizes = plan.initial;
   try {
@@ -442,17 +223,27 @@ void bm_mixed(benchmark::State& state, const KindInfo& info) {
   release_all(*impl, ptrs, sizes);
 }
 
+// Registers the kinds that can run here; says once per reason which cannot.
 void register_benchmarks() {
   static const std::int64_t kPairSizes[] = {256, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20};
-  for (const KindInfo& info : kKinds) {
-    auto* b = benchmark::RegisterBenchmark((std::string("BM_pair/") + impl_name(info)).c_str(),
-                                           [&info](benchmark::State& st) { bm_pair(st, info); });
+  for (const std::string& line : gvm::bench::left_out_lines(kKinds)) {
+    std::fprintf(stderr, "gvm-bench-alloc: %s\n", line.c_str());
+  }
+  std::vector<BackendKind> here;
+  for (BackendKind kind : kKinds) {
+    if (gvm::bench::backend_host(kind, nullptr) != nullptr) here.push_back(kind);
+  }
+  for (BackendKind kind : here) {
+    auto* b = benchmark::RegisterBenchmark(
+        (std::string("BM_pair/") + gvm::bench::backend_name(kind)).c_str(),
+        [kind](benchmark::State& st) { bm_pair(st, kind); });
     for (std::int64_t size : kPairSizes) b->Arg(size);
     b->UseRealTime();
   }
-  for (const KindInfo& info : kKinds) {
-    benchmark::RegisterBenchmark((std::string("BM_mixed/") + impl_name(info)).c_str(),
-                                 [&info](benchmark::State& st) { bm_mixed(st, info); })
+  for (BackendKind kind : here) {
+    benchmark::RegisterBenchmark(
+        (std::string("BM_mixed/") + gvm::bench::backend_name(kind)).c_str(),
+        [kind](benchmark::State& st) { bm_mixed(st, kind); })
         ->UseRealTime();
   }
 }
@@ -462,15 +253,15 @@ void register_benchmarks() {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  register_benchmarks();
   try {
     benchmark::AddCustomContext("gvm_conf", gvm::to_string(gvm::config_from_env()));
-    const char* torch_conf = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
-    benchmark::AddCustomContext("pytorch_cuda_alloc_conf", torch_conf ? torch_conf : "");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gvm-bench-alloc: GVM_CONF: %s\n", e.what());
+    std::fprintf(stderr, "gvm-bench-alloc: %s\n", e.what());  // "GVM_CONF: ..."
     return 1;
   }
+  const char* torch_conf = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+  benchmark::AddCustomContext("pytorch_cuda_alloc_conf", torch_conf ? torch_conf : "");
+  register_benchmarks();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -35,6 +35,7 @@
 #include "gvm/config.hpp"
 #include "gvm/errors.hpp"
 #include "gvm/vmm/cuda_driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 #include "gvm/vmm/sim_driver.hpp"
 
 namespace {
@@ -47,7 +48,7 @@ constexpr std::size_t kGiB = std::size_t{1} << 30;
 constexpr std::size_t kBlockBytes = 256 * kMiB;
 
 struct DriverEnv {
-  std::unique_ptr<gvm::vmm::Driver> driver;
+  std::unique_ptr<gvm::vmm::TestDriver> driver;
   std::string why_not;
 };
 
@@ -55,7 +56,7 @@ DriverEnv& cuda_env() {
   static DriverEnv env = [] {
     DriverEnv e;
     std::string why;
-    e.driver = gvm::vmm::try_load_cuda_driver(&why);
+    e.driver = gvm::vmm::try_load_cuda_test_driver(&why);
     if (!e.driver) e.why_not = why.rfind("no CUDA driver", 0) == 0 ? why : "no CUDA driver: " + why;
     return e;
   }();
@@ -94,7 +95,7 @@ void bm_growth(benchmark::State& state, bool real_driver) {
   try {
     config = gvm::config_from_env();
   } catch (const std::exception& e) {
-    state.SkipWithError((std::string("GVM_CONF: ") + e.what()).c_str());
+    state.SkipWithError(e.what());  // "GVM_CONF: ..." (config_from_env says where)
     return;
   }
   config.max_chunk_bytes = chunk;
@@ -183,7 +184,7 @@ int main(int argc, char** argv) {
   try {
     benchmark::AddCustomContext("gvm_conf", gvm::to_string(gvm::config_from_env()));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gvm-bench-growth: GVM_CONF: %s\n", e.what());
+    std::fprintf(stderr, "gvm-bench-growth: %s\n", e.what());
     return 1;
   }
   benchmark::RunSpecifiedBenchmarks();

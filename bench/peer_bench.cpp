@@ -1,5 +1,5 @@
 // gvm-bench-peer: peer access through gvmalloc against the global toggle, on
-// devices 0 and 1, side by side in one binary (STYLE.md item 12).
+// devices 0 and 1, side by side in one binary, so every comparison is one run (docs/benchmarks.md).
 //
 //   BM_peer_copy_scratch/<bytes>  (a) device 1 pulls from device 0's scratch
 //                                 (Allocator::peer_copy, direct, per-allocation
@@ -51,6 +51,7 @@
 
 #include "gvm/allocator.hpp"
 #include "gvm/vmm/cuda_driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 #include "gvm/vmm/owners.hpp"
 
 #if GVM_BENCH_HAVE_TEST_KERNELS
@@ -65,7 +66,7 @@ using gvm::PeerPolicy;
 using gvm::vmm::Access;
 using gvm::vmm::Call;
 using gvm::vmm::DevicePtr;
-using gvm::vmm::Driver;
+using gvm::vmm::TestDriver;
 using gvm::vmm::Result;
 using gvm::vmm::StreamHandle;
 using Clock = std::chrono::steady_clock;
@@ -88,7 +89,7 @@ DevicePtr dp(const void* p) {
 // The driver, a stream on each of devices 0 and 1 and (where built) the test
 // kernels, made once per process; or why not.
 struct Env {
-  std::unique_ptr<Driver> driver;
+  std::unique_ptr<TestDriver> driver;
   std::string why_not;
   std::string kernels_why_not;  // why BM_fence cannot run, if it cannot
   StreamHandle s[2] = {nullptr, nullptr};
@@ -98,7 +99,7 @@ struct Env {
 
   Env() {
     std::string why;
-    driver = gvm::vmm::try_load_cuda_driver(&why);
+    driver = gvm::vmm::try_load_cuda_test_driver(&why);
     if (!driver) {
       why_not = why;
       return;
@@ -178,7 +179,7 @@ void guarded(benchmark::State& state, F&& body) {
 // cuMemAlloc memory, freed on scope exit.
 class DeviceBuffer {
  public:
-  DeviceBuffer(Driver& d, int device, std::size_t bytes) : d_(d), device_(device) {
+  DeviceBuffer(TestDriver& d, int device, std::size_t bytes) : d_(d), device_(device) {
     must(d_.mem_alloc(device, bytes, &p_), "cuMemAlloc(" + std::to_string(bytes) +
                                                " bytes on device " + std::to_string(device) + ")");
   }
@@ -188,7 +189,7 @@ class DeviceBuffer {
   DevicePtr get() const { return p_; }
 
  private:
-  Driver& d_;
+  TestDriver& d_;
   int device_;
   DevicePtr p_ = 0;
 };
@@ -197,7 +198,7 @@ class DeviceBuffer {
 
 // Turns context peer access off both ways (after draining both devices).
 // Returns true if it had been on, so the label can say so.
-bool global_off(Driver& d) {
+bool global_off(TestDriver& d) {
   must(d.ctx_synchronize(0), "cuCtxSynchronize(0)");
   must(d.ctx_synchronize(1), "cuCtxSynchronize(1)");
   bool was_on = false;
@@ -212,7 +213,7 @@ bool global_off(Driver& d) {
   return was_on;
 }
 
-void global_on(Driver& d) {
+void global_on(TestDriver& d) {
   must(d.ctx_synchronize(0), "cuCtxSynchronize(0)");
   must(d.ctx_synchronize(1), "cuCtxSynchronize(1)");
   for (auto [dev, peer] : {std::pair{1, 0}, std::pair{0, 1}}) {
@@ -223,7 +224,7 @@ void global_on(Driver& d) {
 }
 
 // Fails unless context peer access 1 -> 0 is still off.
-void expect_global_still_off(Driver& d) {
+void expect_global_still_off(TestDriver& d) {
   const Result r = d.disable_peer_access(1, 0);
   if (r == Result::peer_access_not_enabled) return;
   throw std::runtime_error("context peer access 1 -> 0 was on after the run (" +
@@ -247,7 +248,7 @@ std::uint64_t driver_ns(const Allocator& a, std::initializer_list<Call> calls) {
 }
 
 // The copy landed: the first and last 4 KiB of dst on device `dev` are `byte`.
-void check_copied(Driver& d, int dev, DevicePtr dst, std::size_t bytes, unsigned char byte) {
+void check_copied(TestDriver& d, int dev, DevicePtr dst, std::size_t bytes, unsigned char byte) {
   std::vector<unsigned char> head(4096), tail(4096);
   must(d.memcpy_dtoh(dev, head.data(), dst, head.size()), "cuMemcpyDtoH");
   must(d.memcpy_dtoh(dev, tail.data(), dst + bytes - tail.size(), tail.size()), "cuMemcpyDtoH");
@@ -266,7 +267,7 @@ void set_copy_counters(benchmark::State& state, std::size_t bytes, double total_
 
 // One timed copy: `enqueue`, then wait for `stream` of `dev`.
 template <class F>
-double timed_copy(Driver& d, int dev, StreamHandle stream, F&& enqueue) {
+double timed_copy(TestDriver& d, int dev, StreamHandle stream, F&& enqueue) {
   const auto t0 = Clock::now();
   enqueue();
   must(d.stream_synchronize(dev, stream), "cuStreamSynchronize");
@@ -278,7 +279,7 @@ double timed_copy(Driver& d, int dev, StreamHandle stream, F&& enqueue) {
 void BM_peer_copy_scratch(benchmark::State& state) {
   guarded(state, [&] {
     Env& e = env();
-    Driver& d = *e.driver;
+    TestDriver& d = *e.driver;
     const auto bytes = static_cast<std::size_t>(state.range(0));
     if (global_off(d)) state.SetLabel("context peer access was on; turned off first");
     Allocator a(d);
@@ -312,7 +313,7 @@ void BM_peer_copy_scratch(benchmark::State& state) {
 void BM_peer_copy_staged(benchmark::State& state) {
   guarded(state, [&] {
     Env& e = env();
-    Driver& d = *e.driver;
+    TestDriver& d = *e.driver;
     const auto bytes = static_cast<std::size_t>(state.range(0));
     if (global_off(d)) state.SetLabel("context peer access was on; turned off first");
     DeviceBuffer src(d, 0, bytes), dst(d, 1, bytes);
@@ -340,7 +341,7 @@ void BM_peer_copy_staged(benchmark::State& state) {
 void BM_grant_chunk(benchmark::State& state) {
   guarded(state, [&] {
     Env& e = env();
-    Driver& d = *e.driver;
+    TestDriver& d = *e.driver;
     const std::size_t chunk = static_cast<std::size_t>(state.range(0)) * kMiB;
     Config c;
     c.scratch_chunk_bytes = chunk;
@@ -401,7 +402,7 @@ void BM_fence(benchmark::State& state) {
       state.SkipWithError(e.kernels_why_not.c_str());
       return;
     }
-    Driver& d = *e.driver;
+    TestDriver& d = *e.driver;
     const bool tracked = state.range(0) != 0;
     const int busy = static_cast<int>(state.range(1));
     // A spin kernel this long on each unrelated stream: the devices fence
@@ -495,7 +496,7 @@ void BM_fence(benchmark::State& state) {
 void BM_policy_switch(benchmark::State& state) {
   guarded(state, [&] {
     Env& e = env();
-    Driver& d = *e.driver;
+    TestDriver& d = *e.driver;
     const std::size_t bytes = static_cast<std::size_t>(state.range(0)) * kMiB;
     if (global_off(d)) state.SetLabel("context peer access was on; turned off first");
     Allocator a(d);  // default scratch chunks (Config::scratch_chunk_bytes)
@@ -537,7 +538,7 @@ void BM_policy_switch(benchmark::State& state) {
 void BM_global_toggle(benchmark::State& state) {
   guarded(state, [&] {
     Env& e = env();
-    Driver& d = *e.driver;
+    TestDriver& d = *e.driver;
     const std::size_t bytes = static_cast<std::size_t>(state.range(0)) * kMiB;
     global_off(d);
     DeviceBuffer m0(d, 0, bytes), m1(d, 1, bytes);  // the same memory live as the switch has
@@ -545,7 +546,7 @@ void BM_global_toggle(benchmark::State& state) {
     try {
       for (auto _ : state) {
         // Each toggle behind both devices synchronised: the only safe way
-        // (MEASUREMENTS.md), and what the allocator's switch does too.
+        // (docs/measurements.md), and what the allocator's switch does too.
         const auto t0 = Clock::now();
         global_on(d);
         const double on = seconds_since(t0);
@@ -574,7 +575,7 @@ void BM_global_toggle(benchmark::State& state) {
 void BM_peer_copy_global(benchmark::State& state) {
   guarded(state, [&] {
     Env& e = env();
-    Driver& d = *e.driver;
+    TestDriver& d = *e.driver;
     const auto bytes = static_cast<std::size_t>(state.range(0));
     DeviceBuffer src(d, 0, bytes), dst(d, 1, bytes);
     must(d.memset_d8_async(0, src.get(), 0x5a, bytes, e.s[0]), "cuMemsetD8Async");

@@ -6,7 +6,7 @@
 
 namespace gvm::bench {
 
-TraceStreams::TraceStreams(vmm::Driver& driver, int device, const Trace& trace)
+TraceStreams::TraceStreams(vmm::TestDriver& driver, int device, const Trace& trace)
     : driver_(driver), device_(device) {
   streams_.reserve(trace.stream_count());
   streams_.push_back(nullptr);  // trace stream 0: the legacy default stream
@@ -64,7 +64,7 @@ void free_held(const Trace& trace, Allocator& allocator, int device, const Trace
 
 }  // namespace
 
-ReplayResult replay(const Trace& trace, Allocator& allocator, vmm::Driver& driver, int device,
+ReplayResult replay(const Trace& trace, Allocator& allocator, vmm::TestDriver& driver, int device,
                     const ReplayOptions& options) {
   const TraceStreams* streams = options.streams;
   if (streams == nullptr && trace.stream_count() > 1) {

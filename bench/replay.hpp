@@ -2,7 +2,7 @@
 //
 // One call replays every event of a Trace on one device, in order: trace
 // stream 0 is the legacy default stream (nullptr), every other trace stream a
-// stream made with Driver::stream_create (TraceStreams). The timed part is the
+// stream made with TestDriver::stream_create (TraceStreams). The timed part is the
 // replay loop alone.
 //
 // Two kinds of pass (docs/replay.md):
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "gvm/allocator.hpp"
-#include "gvm/vmm/driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 #include "trace.hpp"
 
 namespace gvm::bench {
@@ -32,7 +32,7 @@ namespace gvm::bench {
 class TraceStreams {
  public:
   // Throws DriverError when a stream cannot be created (those made are destroyed).
-  TraceStreams(vmm::Driver& driver, int device, const Trace& trace);
+  TraceStreams(vmm::TestDriver& driver, int device, const Trace& trace);
   ~TraceStreams();
   TraceStreams(const TraceStreams&) = delete;
   TraceStreams& operator=(const TraceStreams&) = delete;
@@ -44,7 +44,7 @@ class TraceStreams {
  private:
   void destroy_all() noexcept;
 
-  vmm::Driver& driver_;
+  vmm::TestDriver& driver_;
   int device_;
   std::vector<vmm::StreamHandle> streams_;
 };
@@ -98,7 +98,7 @@ struct ReplayResult {
 // driver_error with the event that failed named in front of the allocator's
 // message; the blocks the replay holds are freed first. Throws
 // std::invalid_argument when options are inconsistent (see ReplayOptions).
-ReplayResult replay(const Trace& trace, Allocator& allocator, vmm::Driver& driver, int device,
+ReplayResult replay(const Trace& trace, Allocator& allocator, vmm::TestDriver& driver, int device,
                     const ReplayOptions& options = {});
 
 }  // namespace gvm::bench

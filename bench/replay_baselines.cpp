@@ -1,7 +1,8 @@
 // gvm-replay-baseline: replays an allocation trace through a baseline
 // allocator, PyTorch's CUDACachingAllocator or cudaMallocAsync, and reports the
 // same figures as gvm-replay (peak reserved / peak live, ns per operation), so
-// that the three can be put side by side (docs/benchmarks.md).
+// that the three can be put side by side (docs/benchmarks.md). Both come from
+// the benchmarks' backend layer (bench/backend.hpp, BackendOptions::fresh):
 //
 //   torch   raw_alloc_with_stream / raw_delete (bench/torch_baseline.hpp);
 //           reported as torch_expandable when PYTORCH_CUDA_ALLOC_CONF says
@@ -16,11 +17,13 @@
 // peak and the timeline. Every pass starts empty: a fresh pool (async), or
 // emptyCache + resetPeakStats (torch, which lives once per process).
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -31,7 +34,8 @@
 #include <system_error>
 #include <vector>
 
-#include "torch_baseline.hpp"
+#include "backend.hpp"
+#include "quoted_input.hpp"
 #include "replay_cli.hpp"
 #include "trace.hpp"
 
@@ -67,7 +71,7 @@ Args parse_args(int argc, char** argv) {
     if (flag != "--impl") return false;
     a.impl = value();
     if (a.impl != "torch" && a.impl != "async") {
-      throw ArgError("--impl wants torch or async, got '" + a.impl + "'");
+      throw ArgError("--impl wants torch or async, got " + gvm::bench::quoted_input(a.impl));
     }
     return true;
   });
@@ -88,98 +92,17 @@ void cuda_check(cudaError_t err, const std::string& what) {
   }
 }
 
-// A baseline allocator for one pass on device 0.
-class Backend {
- public:
-  virtual ~Backend() = default;
-  virtual void* allocate(std::size_t bytes, cudaStream_t stream) = 0;
-  virtual void deallocate(void* p, cudaStream_t stream) = 0;
-  virtual std::size_t reserved() = 0;
-  virtual std::size_t peak_reserved() = 0;
-};
-
-class TorchBackend final : public Backend {
- public:
-  TorchBackend() {
-    cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    gvm::bench::torch_empty_cache();
-    gvm::bench::torch_reset_peak();
-    if (const std::size_t r = gvm::bench::torch_reserved_bytes(); r != 0) {
-      std::cerr << "gvm-replay-baseline: note: torch still reserves " << r
-                << " bytes after emptyCache at the start of a pass\n";
-    }
-  }
-  ~TorchBackend() override {
-    (void)cudaDeviceSynchronize();
-    gvm::bench::torch_empty_cache();
-  }
-  void* allocate(std::size_t bytes, cudaStream_t stream) override {
-    return gvm::bench::torch_alloc(bytes, stream);
-  }
-  void deallocate(void* p, cudaStream_t) override { gvm::bench::torch_free(p); }
-  std::size_t reserved() override { return gvm::bench::torch_reserved_bytes(); }
-  std::size_t peak_reserved() override { return gvm::bench::torch_peak_reserved(); }
-};
-
-class AsyncBackend final : public Backend {
- public:
-  AsyncBackend() {
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.handleTypes = cudaMemHandleTypeNone;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = 0;
-    cuda_check(cudaMemPoolCreate(&pool_, &props), "cudaMemPoolCreate");
-    std::uint64_t threshold = UINT64_MAX;
-    cuda_check(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold),
-               "cudaMemPoolSetAttribute(ReleaseThreshold)");
-  }
-  ~AsyncBackend() override {
-    (void)cudaDeviceSynchronize();
-    (void)cudaMemPoolDestroy(pool_);
-  }
-  void* allocate(std::size_t bytes, cudaStream_t stream) override {
-    void* p = nullptr;
-    cuda_check(cudaMallocFromPoolAsync(&p, bytes, pool_, stream),
-               "cudaMallocFromPoolAsync(" + std::to_string(bytes) + ")");
-    return p;
-  }
-  void deallocate(void* p, cudaStream_t stream) override {
-    cuda_check(cudaFreeAsync(p, stream), "cudaFreeAsync");
-  }
-  std::size_t reserved() override { return attr(cudaMemPoolAttrReservedMemCurrent); }
-  std::size_t peak_reserved() override { return attr(cudaMemPoolAttrReservedMemHigh); }
-
- private:
-  std::size_t attr(cudaMemPoolAttr a) {
-    std::uint64_t v = 0;
-    cuda_check(cudaMemPoolGetAttribute(pool_, a, &v), "cudaMemPoolGetAttribute");
-    return static_cast<std::size_t>(v);
-  }
-  cudaMemPool_t pool_ = nullptr;
-};
-
-// The trace's streams: index 0 the legacy default stream, the others made here.
+// The trace's streams: index 0 the legacy default stream, the others the
+// host's streams (made once, alive to the end of the process).
 class Streams {
  public:
-  explicit Streams(const Trace& trace) : streams_(trace.stream_count(), nullptr) {
-    for (std::size_t i = 1; i < streams_.size(); ++i) {
-      cuda_check(cudaStreamCreateWithFlags(&streams_[i], cudaStreamNonBlocking),
-                 "cudaStreamCreate");
-    }
+  Streams(const Trace& trace, gvm::bench::BackendHost& host) : streams_(trace.stream_count()) {
+    for (std::size_t i = 1; i < streams_.size(); ++i) streams_[i] = host.stream(i - 1);
   }
-  ~Streams() {
-    (void)cudaDeviceSynchronize();
-    for (cudaStream_t s : streams_) {
-      if (s) (void)cudaStreamDestroy(s);
-    }
-  }
-  Streams(const Streams&) = delete;
-  Streams& operator=(const Streams&) = delete;
-  cudaStream_t operator[](std::size_t i) const { return streams_[i]; }
+  gvm::bench::StreamHandle operator[](std::size_t i) const { return streams_[i]; }
 
  private:
-  std::vector<cudaStream_t> streams_;
+  std::vector<gvm::bench::StreamHandle> streams_;
 };
 
 struct PassResult {
@@ -188,11 +111,6 @@ struct PassResult {
   std::uint64_t peak_reserved = 0;            // sampled after each event (memory pass)
   std::uint64_t allocator_peak_reserved = 0;  // the allocator's own peak, read at the end
 };
-
-std::unique_ptr<Backend> make_backend(const std::string& impl) {
-  if (impl == "torch") return std::make_unique<TorchBackend>();
-  return std::make_unique<AsyncBackend>();
-}
 
 std::string describe(const Trace& trace, std::size_t i) {
   const TraceEvent& e = trace.events[i];
@@ -203,10 +121,14 @@ std::string describe(const Trace& trace, std::size_t i) {
   return o.str();
 }
 
-PassResult run_pass(const Trace& trace, const std::string& impl, bool sample,
+PassResult run_pass(const Trace& trace, gvm::bench::BackendHost& host, bool sample,
                     std::size_t timeline_every, std::vector<TimelinePoint>* timeline) {
-  Streams streams(trace);
-  std::unique_ptr<Backend> backend = make_backend(impl);
+  Streams streams(trace, host);
+  // Every pass starts empty: a pool of its own (async), or emptyCache and
+  // resetPeakStats (torch, which lives once per process).
+  gvm::bench::BackendOptions options;
+  options.fresh = true;
+  std::unique_ptr<gvm::bench::Backend> backend = host.make_backend(options);
   std::vector<void*> ptrs(trace.block_count(), nullptr);
   PassResult r;
   std::uint64_t live = 0;
@@ -221,12 +143,12 @@ PassResult run_pass(const Trace& trace, const std::string& impl, bool sample,
         live += e.bytes;
         if (live > r.peak_live) r.peak_live = live;
       } else {
-        backend->deallocate(ptrs[e.block], streams[e.stream]);
+        backend->deallocate(ptrs[e.block], e.bytes, streams[e.stream]);
         ptrs[e.block] = nullptr;
         live -= e.bytes;
       }
       if (sample) {
-        const std::uint64_t reserved = backend->reserved();
+        const std::uint64_t reserved = backend->reserved_bytes().value_or(0);
         if (reserved > r.peak_reserved) r.peak_reserved = reserved;
         if (timeline && (i % timeline_every == 0 || i + 1 == n)) {
           timeline->push_back({i + 1, live, reserved});
@@ -238,21 +160,25 @@ PassResult run_pass(const Trace& trace, const std::string& impl, bool sample,
         std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
   } catch (const std::exception& e) {
     for (std::size_t b = 0; b < ptrs.size(); ++b) {
-      if (ptrs[b]) backend->deallocate(ptrs[b], nullptr);
+      if (ptrs[b]) backend->deallocate(ptrs[b], 0, nullptr);
     }
     throw std::runtime_error(describe(trace, i) + ": " + e.what());
   }
-  r.allocator_peak_reserved = backend->peak_reserved();
+  r.allocator_peak_reserved = backend->peak_reserved_bytes().value_or(0);
   for (void* p : ptrs) {
-    if (p) backend->deallocate(p, nullptr);  // what the trace leaves live; untimed
+    if (p) backend->deallocate(p, 0, nullptr);  // what the trace leaves live; untimed
   }
   return r;
 }
 
 void write_timeline(const std::string& path, const Trace& trace, const std::string& impl_name,
                     std::size_t every, const std::vector<TimelinePoint>& points) {
+  errno = 0;
   std::ofstream out(path, std::ios::trunc);
-  if (!out) throw std::runtime_error("--timeline: cannot write " + path);
+  if (!out) {
+    throw gvm::bench::OutputFileError("--timeline " + gvm::bench::quoted_input(path) +
+                                      ": cannot write: " + std::strerror(errno));
+  }
   out << "# gvm-replay-baseline (" << impl_name << ") timeline of " << trace.source
       << ": one row every " << every
       << " event(s) and after the last; live = requested bytes of live blocks,"
@@ -261,36 +187,35 @@ void write_timeline(const std::string& path, const Trace& trace, const std::stri
   for (const TimelinePoint& p : points) {
     out << p.event << ',' << p.live_bytes << ',' << p.reserved_bytes << '\n';
   }
+  errno = 0;
   out.flush();
-  if (!out) throw std::runtime_error("--timeline: error writing " + path);
+  if (!out) {
+    throw gvm::bench::OutputFileError("--timeline " + gvm::bench::quoted_input(path) +
+                                      ": error writing: " + std::strerror(errno));
+  }
 }
 
 int run(const Args& a) {
   const std::string trace_path = a.trace.empty() ? default_trace() : a.trace;
   const Trace trace = gvm::bench::read_trace(trace_path);
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    throw std::runtime_error(std::string("no CUDA device (cudaGetDeviceCount: ") +
-                             (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices") + ")");
-  }
-  cuda_check(cudaSetDevice(0), "cudaSetDevice");
+  const gvm::bench::BackendKind kind = a.impl == "torch"
+                                           ? gvm::bench::BackendKind::torch
+                                           : gvm::bench::BackendKind::cuda_malloc_async;
   std::string why;
-  if (a.impl == "torch" && !gvm::bench::torch_baseline_available(&why)) {
-    throw std::runtime_error("--impl torch: " + why);
-  }
-  const std::string impl_name =
-      a.impl == "torch" ? gvm::bench::torch_impl_name() : std::string("cudaMallocAsync");
+  gvm::bench::BackendHost* host = gvm::bench::backend_host(kind, &why);
+  if (host == nullptr) throw std::runtime_error("--impl " + a.impl + ": " + why);
+  host->bind_thread();
+  const std::string impl_name = gvm::bench::backend_name(kind);
 
   std::vector<double> ns_per_op;
   const double events = static_cast<double>(trace.events.size());
   for (int r = 0; r < a.repeat; ++r) {
-    const PassResult p = run_pass(trace, a.impl, false, 0, nullptr);
+    const PassResult p = run_pass(trace, *host, false, 0, nullptr);
     ns_per_op.push_back(events == 0 ? 0.0 : static_cast<double>(p.wall_ns) / events);
   }
   std::vector<TimelinePoint> timeline;
   const PassResult memory =
-      run_pass(trace, a.impl, true, a.timeline_every, a.timeline.empty() ? nullptr : &timeline);
+      run_pass(trace, *host, true, a.timeline_every, a.timeline.empty() ? nullptr : &timeline);
   if (!a.timeline.empty()) write_timeline(a.timeline, trace, impl_name, a.timeline_every, timeline);
 
   cudaDeviceProp prop{};
@@ -322,8 +247,9 @@ int run(const Args& a) {
     o << "trace          " << trace.source << "\n"
       << "allocator      " << impl_name << "\n"
       << "device         " << prop.name << " (device 0)\n"
-      << "events         " << trace.events.size() << " (" << trace.allocations << " allocations, "
-      << trace.frees << " frees)\n"
+      << "events         " << trace.events.size() << " ("
+      << gvm::bench::count_of(trace.allocations, "allocation") << ", "
+      << gvm::bench::count_of(trace.frees, "free") << ")\n"
       << "peak live      " << memory.peak_live << " bytes\n"
       << "peak reserved  " << memory.peak_reserved << " bytes, sampled after every event ("
       << memory.allocator_peak_reserved << " by the allocator's own peak)\n"
@@ -355,7 +281,7 @@ int main(int argc, char** argv) {
     }
     return run(args);
   } catch (const ArgError& e) {
-    std::cerr << "gvm-replay-baseline: " << e.what() << "\n\n" << kUsage;
+    gvm::bench::print_arg_error("gvm-replay-baseline", e);
   } catch (const gvm::bench::TraceError& e) {
     std::cerr << "gvm-replay-baseline: bad trace: " << e.what() << "\n";
   } catch (const std::exception& e) {

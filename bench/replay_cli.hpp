@@ -1,15 +1,21 @@
 // The command line shared by gvm-replay and gvm-replay-baseline: --flag value
 // or --flag=value, "--" before a trace name, -h/--help, and the options both
 // tools take (--repeat, --json, --timeline, --timeline-every, TRACE). Each tool
-// adds its own options through a callback. Also their JSON string and median helpers.
+// adds its own options through a callback. Also their one-line error report,
+// and their JSON string, count and median helpers.
 #pragma once
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
-#include <cstdio>
 #include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -17,13 +23,50 @@
 #include <system_error>
 #include <vector>
 
+#include "quoted_input.hpp"
+
 namespace gvm::bench {
 
-// A bad command line: the tool prints the message and its usage, exits 1.
+// A bad command line: the tool says what is wrong in one line (print_arg_error)
+// and exits 1.
 class ArgError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// The one line a bad command line gets (docs/replay.md): the message and where
+// the options are listed, not the whole usage text.
+inline void print_arg_error(std::string_view tool, const ArgError& e) {
+  std::cerr << tool << ": " << e.what() << " (" << tool << " --help lists the options)\n";
+}
+
+// An output file that cannot be written, with the system's reason.
+class OutputFileError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Opens `path` for writing as `flag` will, so that a path that cannot be
+// written fails when the command line is read, with the system's reason
+// ("No such file or directory", "Permission denied"), and not after a replay of
+// minutes. A file that did not exist before is removed again.
+inline void check_writable(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(path, ec);
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (f == nullptr) {
+    const int err = errno;
+    throw OutputFileError(flag + " " + quoted_input(path) +
+                          ": cannot write: " + std::strerror(err));
+  }
+  std::fclose(f);
+  if (!existed) std::remove(path.c_str());
+}
+
+// "1 allocation", "2 allocations".
+inline std::string count_of(std::uint64_t n, std::string_view noun) {
+  return std::to_string(n) + " " + std::string(noun) + (n == 1 ? "" : "s");
+}
 
 struct ReplayArgs {
   int repeat = 1;
@@ -40,15 +83,15 @@ inline long long parse_count(const std::string& flag, std::string_view text, lon
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size() || v < min || v > max) {
     throw ArgError(flag + " wants an integer from " + std::to_string(min) + " to " +
-                   std::to_string(max) + ", got '" + std::string(text) + "'");
+                   std::to_string(max) + ", got " + quoted_input(text));
   }
   return v;
 }
 
 // One option the shared parser does not know: `value()` takes its value (from
 // "=value" or the next argument). Returns false for an unknown option.
-using ExtraOption = std::function<bool(const std::string& flag,
-                                       const std::function<std::string()>& value)>;
+using ExtraOption =
+    std::function<bool(const std::string& flag, const std::function<std::string()>& value)>;
 
 inline void parse_replay_args(int argc, char** argv, ReplayArgs& a, const ExtraOption& extra) {
   bool have_trace = false;
@@ -64,7 +107,8 @@ inline void parse_replay_args(int argc, char** argv, ReplayArgs& a, const ExtraO
         arg = argv[i];
       }
       if (have_trace)
-        throw ArgError("more than one trace given: '" + a.trace + "' and '" + arg + "'");
+        throw ArgError("more than one trace given: " + quoted_input(a.trace) + " and " +
+                       quoted_input(arg));
       a.trace = arg;
       have_trace = true;
       continue;
@@ -88,10 +132,11 @@ inline void parse_replay_args(int argc, char** argv, ReplayArgs& a, const ExtraO
     } else if (flag == "--timeline") {
       a.timeline = value();
       if (a.timeline.empty()) throw ArgError("--timeline needs a file name");
+      check_writable(flag, a.timeline);
     } else if (flag == "--timeline-every") {
       a.timeline_every = static_cast<std::size_t>(parse_count(flag, value(), 1, 1LL << 40));
     } else if (!extra(flag, value)) {
-      throw ArgError("unknown option '" + arg + "'");
+      throw ArgError("unknown option " + quoted_input(arg));
     }
   }
 }

@@ -27,6 +27,7 @@
 #include "gvm/errors.hpp"
 #include "gvm/vmm/cuda_driver.hpp"
 #include "gvm/vmm/sim_driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 #include "replay_cli.hpp"
 #include "replay.hpp"
 #include "shipped_traces.hpp"
@@ -105,7 +106,7 @@ Args parse_args(int argc, char** argv) {
 }
 
 struct DriverChoice {
-  std::unique_ptr<gvm::vmm::Driver> driver;
+  std::unique_ptr<gvm::vmm::TestDriver> driver;
   std::string description;  // "cuda" or "sim (simulated NVIDIA H200 x 1)"
 };
 
@@ -115,7 +116,7 @@ DriverChoice choose_driver(const Args& a) {
   if (a.driver == "cuda" && a.profile) throw ArgError("--profile applies to --driver sim only");
   if (a.driver != "sim") {
     std::string why;
-    c.driver = try_load_cuda_driver(&why);
+    c.driver = try_load_cuda_test_driver(&why);
     if (c.driver) {
       int count = 0;
       check(c.driver->device_count(&count), "cuDeviceGetCount");
@@ -217,7 +218,7 @@ struct Measurement {
   }
 };
 
-Measurement measure(const Trace& trace, gvm::vmm::Driver& driver, const gvm::Config& config,
+Measurement measure(const Trace& trace, gvm::vmm::TestDriver& driver, const gvm::Config& config,
                     const Args& a, bool keep_timeline) {
   constexpr int kDevice = 0;
   Measurement m;
@@ -333,7 +334,7 @@ int run_one(const Args& a) {
   Trace trace = gvm::bench::read_trace(trace_path);
   if (snap) trace.source = a.snapshot + " (its history as a trace)";
   DriverChoice choice = choose_driver(a);
-  gvm::vmm::Driver& driver = *choice.driver;
+  gvm::vmm::TestDriver& driver = *choice.driver;
   constexpr int kDevice = 0;
   const Measurement m = measure(trace, driver, config, a, !a.timeline.empty());
   if (!a.timeline.empty()) write_timeline(a.timeline, trace, a.timeline_every, m.timeline);
@@ -466,7 +467,7 @@ int run_table(const Args& a) {
   const gvm::Config config = config_of(a);
   const std::vector<gvm::bench::ShippedTrace> shipped = gvm::bench::shipped_traces(GVM_SOURCE_DIR);
   DriverChoice choice = choose_driver(a);
-  gvm::vmm::Driver& driver = *choice.driver;
+  gvm::vmm::TestDriver& driver = *choice.driver;
   const bool simulated = std::string(driver.name()) == "sim";
 
   struct Row {

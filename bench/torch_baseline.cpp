@@ -33,6 +33,10 @@ bool conf_says_expandable(const char* conf) {
 
 }  // namespace
 
+bool torch_baseline_built() noexcept {
+  return GVM_BENCH_HAVE_TORCH != 0;
+}
+
 const char* torch_impl_name() {
   // PyTorch >= 2.8 reads PYTORCH_ALLOC_CONF first, PYTORCH_CUDA_ALLOC_CONF
   // when that is unset.
@@ -126,9 +130,9 @@ void torch_empty_cache() {
 
 bool torch_baseline_available(std::string* why) {
   if (why) {
-    *why =
-        "built without PyTorch (CMake found no torch package through python3, "
-        "see docs/benchmarks.md)";
+    // GVM_BENCH_TORCH_WHY: what bench/CMakeLists.txt found.
+    *why = std::string("built without PyTorch (") + GVM_BENCH_TORCH_WHY +
+           "; docs/benchmarks.md says how to build it)";
   }
   return false;
 }

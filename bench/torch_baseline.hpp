@@ -14,6 +14,9 @@
 
 namespace gvm::bench {
 
+// Whether this build has PyTorch's allocator at all (CMake found torch).
+bool torch_baseline_built() noexcept;
+
 // Whether the baseline can run here; false with the reason in *why (built
 // without torch, no CUDA device, the allocator failed to initialise). The
 // first call initialises PyTorch's allocator; safe from several threads.

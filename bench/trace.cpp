@@ -11,6 +11,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "quoted_input.hpp"
+
 namespace gvm::bench {
 
 namespace {
@@ -48,11 +50,11 @@ class LineParser {
     std::uint64_t value = 0;
     auto [end, ec] = std::from_chars(field.data(), field.data() + field.size(), value);
     if (ec == std::errc::result_out_of_range) {
-      fail(std::string("<") + what + "> '" + std::string(field) + "' is too large");
+      fail(std::string("<") + what + "> " + quoted_input(field) + " is too large");
     }
     if (ec != std::errc() || end != field.data() + field.size()) {
-      fail(std::string("bad <") + what + "> '" + std::string(field) +
-           "': expected a non-negative decimal integer");
+      fail(std::string("bad <") + what + "> " + quoted_input(field) +
+           ": expected a non-negative decimal integer");
     }
     return value;
   }
@@ -81,13 +83,20 @@ class Builder {
       if (n != 4) {
         p.fail("'a' takes 3 fields (a <id> <bytes> <stream>), got " + std::to_string(n - 1));
       }
-      allocate(p, p.number(f[1], "id"), p.number(f[2], "bytes"), p.number(f[3], "stream"), line_no);
+      // One statement per field: the order of function arguments is unspecified
+      // (g++ reads them right to left), and the first bad field must be named.
+      const std::uint64_t id = p.number(f[1], "id");
+      const std::uint64_t bytes = p.number(f[2], "bytes");
+      const std::uint64_t stream_id = p.number(f[3], "stream");
+      allocate(p, id, bytes, stream_id, line_no);
     } else if (f[0] == "f") {
       if (n != 3) p.fail("'f' takes 2 fields (f <id> <stream>), got " + std::to_string(n - 1));
-      free(p, p.number(f[1], "id"), p.number(f[2], "stream"), line_no);
+      const std::uint64_t id = p.number(f[1], "id");
+      const std::uint64_t stream_id = p.number(f[2], "stream");
+      free(p, id, stream_id, line_no);
     } else {
-      p.fail("unknown event '" + std::string(f[0]) +
-             "' (expected 'a <id> <bytes> <stream>' or 'f <id> <stream>')");
+      p.fail("unknown event " + quoted_input(f[0]) +
+             " (expected 'a <id> <bytes> <stream>' or 'f <id> <stream>')");
     }
   }
 
@@ -247,7 +256,14 @@ Trace read_trace(const std::string& path) {
   if (text.find('\0') != std::string::npos) {
     throw TraceError(path, 0, "not a text trace (contains NUL bytes)");
   }
-  return parse_trace(text, path);
+  Trace trace = parse_trace(text, path);
+  // A replay of nothing would report a ratio of 0 and look like a result.
+  if (trace.events.empty()) {
+    throw TraceError(path, 0,
+                     text.empty() ? "no events: the file is empty"
+                                  : "no events: the file holds only blank lines and comments");
+  }
+  return trace;
 }
 
 }  // namespace gvm::bench

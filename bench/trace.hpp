@@ -1,7 +1,7 @@
 // Allocation traces: the reader.
 //
-// Text, one event a line, optionally gzip-compressed (DESIGN.md "Allocation
-// traces"):
+// Text, one event a line, optionally gzip-compressed (docs/replay.md,
+// "Traces"):
 //
 //   a <id> <bytes> <stream>     allocate; <id> names the block until its free
 //   f <id> <stream>             free
@@ -70,8 +70,8 @@ class TraceError : public std::runtime_error {
 Trace parse_trace(std::string_view text, std::string source = "<trace>");
 
 // Reads a trace file, plain text or gzip (recognised by its magic bytes).
-// Throws TraceError for a file that cannot be opened or decompressed, or a
-// bad line.
+// Throws TraceError for a file that cannot be opened or decompressed, a bad
+// line, or a file without a single event.
 Trace read_trace(const std::string& path);
 
 // Whether `bytes` start with the gzip magic number (1f 8b).

@@ -22,7 +22,7 @@
 #    calls are not counted (--report-api-errors no): the tests make many on
 #    purpose (bad input, out of memory, toggling peer access twice); memcheck
 #    counts device-side memory errors, racecheck shared-memory hazards.
-# 6. the Python tests (tools/python-tests.sh: PyTorch, CuPy, NCCL) and the
+# 6. the Python tests (tools/python-tests.sh: PyTorch, CuPy, Numba, NCCL) and the
 #    documented install, followed from a fresh prefix (tools/install-check.sh)
 # 7. the benchmarks bench/gvm-bench-* (JSON) and gvm-replay on the GPT-2 trace
 # 8. a short summary, last

@@ -2,18 +2,19 @@
 # tools/install-check.sh: the install steps of docs/pytorch.md and docs/cupy.md,
 # followed as a user would, on a GPU machine without network.
 #
-#   tools/install-check.sh [BUILD_DIR]        (BUILD_DIR: build-gpu)
+#   tools/install-check.sh [BUILD_DIR]        (BUILD_DIR: build, the README's)
 #
 # cmake --install BUILD_DIR into a fresh prefix, then, from outside the source
 # tree and with GVMALLOC_LIBRARY unset, PYTHONPATH=<prefix>/lib/python only:
-# PyTorch with gvmalloc.torch.enable() runs a matmul, and CuPy with
+# PyTorch with gvmalloc.torch.enable() (the native backend, from the prefix)
+# runs a matmul, and CuPy with
 # gvmalloc.cupy.enable() an FFT, each in its own process, and both show their
 # allocations in gvmalloc's stats and the library loaded from the prefix.
 # Without torch or cupy that half is reported as skipped; exit 1 on a failure.
 set -u -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BUILD=${1:-build-gpu}
+BUILD=${1:-build}
 case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
 PYTHON=${PYTHON:-python3}
 PREFIX=$(mktemp -d)
@@ -44,6 +45,10 @@ if runtime == "torch":
     a = torch.randn(512, 512, device="cuda")
     b = (a @ a).sum().item()
     torch.cuda.synchronize()
+    # The native backend, installed beside the library.
+    backend = gvmalloc.torch.backend_info()["library"]
+    assert backend.startswith(os.path.realpath(prefix)), backend
+    print("install-check torch: backend %s (%s)" % (backend, torch.cuda.get_allocator_backend()))
 else:
     import cupy, gvmalloc.cupy
     gvmalloc.cupy.enable()

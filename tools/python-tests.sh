@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
 # tools/python-tests.sh: the Python tests (tests/python) against a build tree.
 #
-#   tools/python-tests.sh [BUILD_DIR] [pytest args...]     (BUILD_DIR: build-gpu)
+#   tools/python-tests.sh [BUILD_DIR] [pytest args...]
 #
-# Sets GVMALLOC_LIBRARY to BUILD_DIR/allocator/libgvmalloc.so and PYTHONPATH to
+# BUILD_DIR defaults to build, the folder the README's commands make
+# (cmake --preset default); tools/gpu-suite.sh passes its build-gpu. A first
+# argument that starts with "-" is a pytest argument (tools/python-tests.sh -k cupy).
+#
+# Sets GVMALLOC_LIBRARY to BUILD_DIR/allocator/libgvmalloc.so (and
+# GVMALLOC_TORCH_LIBRARY to the PyTorch backend beside it) and PYTHONPATH to
 # integrations/python, runs pytest (-s: the tests print losses, peak reserved and
-# step times), and ends with pytest's short summary. Without a GPU, torch or
-# cupy the GPU tests are skipped with the reason; the CPU tests run anywhere.
+# step times), and ends with pytest's short summary. Without a GPU, torch,
+# cupy or numba the GPU tests are skipped with the reason; the CPU tests run anywhere.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Uses no network.
 set -u -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BUILD=${1:-build-gpu}
-[ $# -gt 0 ] && shift
+BUILD=build
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
+  BUILD=$1
+  shift
+fi
 case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
 LIB="$BUILD/allocator/libgvmalloc.so"
 if [ ! -f "$LIB" ]; then
-  echo "python-tests: $LIB not found; build first: cmake --build $BUILD --target gvmalloc" >&2
+  echo "python-tests: $LIB not found; build first (cmake --workflow --preset build makes build/), or name the build folder: tools/python-tests.sh BUILD_DIR" >&2
   exit 2
 fi
 PYTHON=${PYTHON:-python3}
@@ -27,6 +35,10 @@ if ! "$PYTHON" -c "import pytest" 2>/dev/null; then
 fi
 
 export GVMALLOC_LIBRARY="$LIB"
+# gvmalloc's PyTorch backend, built beside the library when cmake found torch;
+# without it gvmalloc.torch.enable() says how to build it, and the semantics
+# tests skip.
+[ -f "$BUILD/allocator/libgvmalloc_torch.so" ] && export GVMALLOC_TORCH_LIBRARY="$BUILD/allocator/libgvmalloc_torch.so"
 export PYTHONPATH="$ROOT/integrations/python${PYTHONPATH:+:$PYTHONPATH}"
 export NCCL_NVLS_ENABLE=0
 export CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8}
@@ -42,7 +54,7 @@ rc=${PIPESTATUS[0]}
 echo
 echo "=== python-tests summary ($BUILD, $((SECONDS - start)) s)"
 # The figures the tests print (a line may start after pytest's progress dot).
-sed -nE 's/^(\.|test_[a-z_]+\.py )?((losses |peak reserved:|median step:|mempool: reserved|scratch:|dist rank|cupy:|torch copy_).*)/\2/p' "$LOG" | awk '!seen[$0]++'
+sed -nE 's/^(\.|test_[a-z_]+\.py )?((losses |peak reserved:|median step:|mempool: reserved|scratch:|dist rank|cupy:|numba:|torch copy_).*)/\2/p' "$LOG" | awk '!seen[$0]++'
 grep -E "^(SKIPPED|FAILED|ERROR) |skipped .|^(FAIL|ERROR):" "$LOG"
 tail -n 1 "$LOG"
 exit "$rc"

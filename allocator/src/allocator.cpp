@@ -2,6 +2,7 @@
 // cached paths) or the device heap and the peer-access part.
 #include "gvm/allocator.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <mutex>
 #include <shared_mutex>
@@ -141,6 +142,27 @@ void Allocator::Impl::check_copy_side(std::uintptr_t addr, std::size_t bytes, in
     say("is not inside one live block for the whole range");
 }
 
+detail::Heap& Allocator::Impl::pool_heap(PoolId pool, const char* what, int* device) {
+  int d = -1;
+  {
+    std::lock_guard<std::mutex> guard(pools_mu_);
+    auto it = pool_device_.find(pool);
+    if (it != pool_device_.end()) d = it->second;
+  }
+  if (d < 0)
+    throw usage_error(std::string("gvmalloc: ") + what + ": pool " + std::to_string(pool) +
+                      " does not exist (make one with create_pool)");
+  if (device != nullptr) *device = d;
+  return this->device(d).pool(pool);
+}
+
+bool Allocator::Impl::any_capture() const {
+  for (std::size_t d = 0; d < devices_.size(); ++d)
+    if (const detail::DeviceHeap* h = existing(static_cast<int>(d)); h != nullptr && h->capturing())
+      return true;
+  return false;
+}
+
 void Allocator::Impl::forget_stream(vmm::StreamHandle stream) {
   bool any = false;
   for (auto& r : registries_) any = r->retire(stream) || any;
@@ -157,9 +179,11 @@ Allocator::~Allocator() = default;
 void* Allocator::allocate(std::size_t bytes, int device, vmm::StreamHandle stream) {
   Impl& im = *impl_;
   im.check_device(device, "allocate");
-  check_size(bytes, device, "allocate");
+  // One compare for both: 0 wraps around to the largest size.
+  if (bytes - 1 >= detail::kAbsurdBytes) [[unlikely]]
+    check_size(bytes, device, "allocate");
   const vmm::DeviceCaps& caps = im.caps_[static_cast<std::size_t>(device)];
-  if (bytes > caps.total_memory)
+  if (bytes > caps.total_memory) [[unlikely]]
     throw out_of_memory("gvmalloc: out of memory on device " + std::to_string(device) + " (" +
                         caps.name + "): tried to allocate " + detail::format_bytes(bytes) +
                         ", more than the device's " + detail::format_bytes(caps.total_memory));
@@ -168,18 +192,152 @@ void* Allocator::allocate(std::size_t bytes, int device, vmm::StreamHandle strea
     if (bytes <= h.small_max()) return h.allocate_small(bytes);
     return h.allocate_large(bytes, *h.stream());
   };
-  detail::DeviceHeap& d = im.device(device);
-  const std::uint64_t reclaimed = d.oom_reclaimed_spans();
   try {
     return once();
-  } catch (const out_of_memory&) {
+  } catch (const detail::OomAfterReclaim&) {
     // The out-of-memory path gave back unused spans of the device: their
     // granules are mapped free memory this heap may now borrow or steal,
-    // which the failed attempt looked for before they were there. Once more
-    // then; otherwise the refusal is final.
-    if (d.oom_reclaimed_spans() == reclaimed) throw;
+    // which the failed attempt looked for before they were there. Once more;
+    // otherwise the refusal is final.
     return once();
   }
+}
+
+// ------------------------------------------------ pools, capture, per device --
+
+void* Allocator::allocate(std::size_t bytes, int device, vmm::StreamHandle stream, PoolId pool) {
+  if (pool == 0) return allocate(bytes, device, stream);
+  Impl& im = *impl_;
+  im.check_device(device, "allocate");
+  if (bytes - 1 >= detail::kAbsurdBytes) check_size(bytes, device, "allocate");
+  int owner = -1;
+  detail::Heap& h = im.pool_heap(pool, "allocate", &owner);
+  if (owner != device)
+    throw usage_error("gvmalloc: allocate(" + std::to_string(bytes) + " bytes) on device " +
+                      std::to_string(device) + ": pool " + std::to_string(pool) +
+                      " belongs to device " + std::to_string(owner));
+  if (h.released())
+    throw usage_error("gvmalloc: allocate: pool " + std::to_string(pool) + " was released");
+  const vmm::DeviceCaps& caps = im.caps_[static_cast<std::size_t>(device)];
+  if (bytes > caps.total_memory)
+    throw out_of_memory("gvmalloc: out of memory on device " + std::to_string(device) + " (" +
+                        caps.name + "): tried to allocate " + detail::format_bytes(bytes) +
+                        ", more than the device's " + detail::format_bytes(caps.total_memory));
+  return h.allocate_large(bytes, im.stream_state(device, stream));
+}
+
+std::size_t Allocator::deallocate(void* ptr) {
+  if (ptr == nullptr) return 0;
+  Impl& im = *impl_;
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  for (int d = 0; d < device_count(); ++d) {
+    std::size_t requested = 0;
+    if (detail::DeviceHeap* h = im.existing(d);
+        h != nullptr && h->deallocate(addr, kUnknownSize, nullptr, true, &requested))
+      return requested;
+  }
+  const int owner = im.owner_of(addr);
+  if (owner >= 0)
+    throw usage_error("gvmalloc: deallocate(" + hex(ptr) + ") on device " + std::to_string(owner) +
+                      ": not a live block (already freed, or an interior pointer)");
+  throw usage_error("gvmalloc: deallocate(" + hex(ptr) + "): not a pointer gvmalloc gave out");
+}
+
+int Allocator::device_of(const void* ptr) const {
+  return impl_->owner_of(reinterpret_cast<std::uintptr_t>(ptr));
+}
+
+void* Allocator::allocate_at(void* addr, std::size_t bytes, vmm::StreamHandle stream, PoolId pool) {
+  Impl& im = *impl_;
+  int device = -1;
+  detail::Heap& h = im.pool_heap(pool, "allocate_at", &device);
+  if (bytes - 1 >= detail::kAbsurdBytes) check_size(bytes, device, "allocate_at");
+  if (reinterpret_cast<std::uintptr_t>(addr) % kBlockAlignment != 0)
+    throw usage_error("gvmalloc: allocate_at(" + hex(addr) + "): not a block address (" +
+                      std::to_string(kBlockAlignment) + "-byte aligned)");
+  return h.allocate_at(reinterpret_cast<std::uintptr_t>(addr), bytes, im.stream_state(device, stream));
+}
+
+PoolId Allocator::create_pool(int device) {
+  Impl& im = *impl_;
+  im.check_device(device, "create_pool");
+  const PoolId id = im.next_pool_.fetch_add(1);
+  (void)im.device(device).pool(id);
+  std::lock_guard<std::mutex> guard(im.pools_mu_);
+  im.pool_device_.emplace(id, device);
+  return id;
+}
+
+void Allocator::release_pool(PoolId pool) {
+  Impl& im = *impl_;
+  detail::Heap& h = im.pool_heap(pool, "release_pool");
+  if (h.capturing())
+    throw usage_error("gvmalloc: release_pool: pool " + std::to_string(pool) +
+                      " is being captured into");
+  if (h.device_heap().capturing()) {
+    h.release_pool_later();  // gives memory back from the next free after the capture
+    return;
+  }
+  h.release_pool();
+}
+
+void Allocator::trim_pool(PoolId pool) {
+  Impl& im = *impl_;
+  detail::Heap& h = im.pool_heap(pool, "trim_pool");
+  if (h.device_heap().capturing())
+    throw usage_error("gvmalloc: trim_pool: a CUDA graph capture is under way on device " +
+                      std::to_string(h.device()) + "; trim after it ends");
+  (void)h.release_cached(0, true);
+  h.drop_unused_regions();
+}
+
+void Allocator::begin_capture(PoolId pool) {
+  Impl& im = *impl_;
+  detail::Heap& h = im.pool_heap(pool, "begin_capture");
+  if (h.released())
+    throw usage_error("gvmalloc: begin_capture: pool " + std::to_string(pool) + " was released");
+  h.capture(+1);
+  h.device_heap().begin_capture();
+}
+
+void Allocator::end_capture(PoolId pool) {
+  Impl& im = *impl_;
+  detail::Heap& h = im.pool_heap(pool, "end_capture");
+  if (!h.capturing())
+    throw usage_error("gvmalloc: end_capture: no capture into pool " + std::to_string(pool) +
+                      " is under way");
+  h.capture(-1);
+  h.device_heap().end_capture();
+}
+
+void Allocator::set_memory_fraction(int device, double fraction) {
+  Impl& im = *impl_;
+  im.check_device(device, "set_memory_fraction");
+  if (!(fraction > 0.0 && fraction <= 1.0))
+    throw usage_error("gvmalloc: set_memory_fraction(" + std::to_string(fraction) + ") on device " +
+                      std::to_string(device) + ": the fraction must be in (0, 1]");
+  im.device(device).policy().set_fraction(fraction);
+}
+
+double Allocator::memory_fraction(int device) const {
+  impl_->check_device(device, "memory_fraction");
+  const detail::DeviceHeap* h = impl_->existing(device);
+  return h != nullptr ? h->policy().fraction() : impl_->config_.memory_fraction;
+}
+
+void Allocator::reset_peak_stats(int device) {
+  impl_->check_device(device, "reset_peak_stats");
+  if (detail::DeviceHeap* h = impl_->existing(device); h != nullptr) h->reset_peaks();
+}
+
+std::size_t Allocator::largest_cached_block(int device) const {
+  impl_->check_device(device, "largest_cached_block");
+  const detail::DeviceHeap* d = impl_->existing(device);
+  if (d == nullptr) return 0;
+  std::size_t best = 0;
+  for (const detail::Heap* h : d->heaps())
+    if (h->kind() == detail::Heap::Kind::stream) best = std::max(best, h->largest_cached_block());
+  return best;
 }
 
 void Allocator::deallocate(void* ptr, std::size_t bytes, int device, vmm::StreamHandle stream) {
@@ -218,6 +376,13 @@ void Allocator::forget_stream(vmm::StreamHandle stream) { impl_->forget_stream(s
 void Allocator::trim(int device) {
   Impl& im = *impl_;
   if (device != -1) im.check_device(device, "trim");
+  for (std::size_t d = 0; d < im.caps_.size(); ++d) {
+    if (device != -1 && static_cast<int>(d) != device) continue;
+    if (auto* h = im.existing(static_cast<int>(d)); h != nullptr && h->capturing())
+      throw usage_error("gvmalloc: trim on device " + std::to_string(d) +
+                        ": a CUDA graph capture is under way there, and giving memory back "
+                        "needs a synchronisation the capture forbids; trim after it ends");
+  }
   // Under the shared policy lock: a scratch release fences under the policy
   // whose grants it may drop.
   std::shared_lock<std::shared_mutex> guard(im.peers_.lock());
@@ -247,7 +412,9 @@ DeviceStats Allocator::device_stats(int device) const {
 Stats Allocator::stats() const {
   Stats s;
   for (int d = 0; d < device_count(); ++d) s.devices.push_back(device_stats(d));
-  s.driver = impl_->driver_.snapshot();
+  const vmm::CallCounts counts = impl_->driver_.snapshot();
+  s.driver.calls = counts.calls;
+  s.driver.nanoseconds = counts.nanoseconds;
   return s;
 }
 
@@ -319,7 +486,13 @@ PeerPolicy Allocator::peer_policy(int owner, int peer) const {
   return impl_->peers_.policy(owner, peer);
 }
 
-void Allocator::set_peer_policy(PeerPolicy policy) { impl_->peers_.set_policy(policy); }
+void Allocator::set_peer_policy(PeerPolicy policy) {
+  if (impl_->any_capture())
+    throw usage_error(
+        "gvmalloc: set_peer_policy: a CUDA graph capture is under way, and a policy switch "
+        "needs a fence the capture forbids; switch after it ends");
+  impl_->peers_.set_policy(policy);
+}
 
 void Allocator::peer_copy(void* dst, int dst_device, const void* src, int src_device,
                           std::size_t bytes, vmm::StreamHandle stream) {

@@ -8,12 +8,13 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "access_tracker.hpp"
-#include "counting_driver.hpp"
 #include "device_heap.hpp"
 #include "gvm/allocator.hpp"
+#include "gvm/vmm/counting_driver.hpp"
 #include "peer_access.hpp"
 #include "stream_registry.hpp"
 
@@ -85,8 +86,12 @@ class Allocator::Impl {
   void check_copy_side(std::uintptr_t addr, std::size_t bytes, int device, const char* side) const;
 
   void forget_stream(vmm::StreamHandle stream);
+  // The heap of private pool `pool` and its device; usage_error (naming
+  // `what`) for an unknown pool.
+  detail::Heap& pool_heap(PoolId pool, const char* what, int* device = nullptr);
+  bool any_capture() const;
 
-  detail::CountingDriver driver_;
+  vmm::CountingDriver driver_;
   Config config_;
   std::vector<vmm::DeviceCaps> caps_;
   std::vector<std::unique_ptr<detail::StreamRegistry>> registries_;
@@ -95,6 +100,9 @@ class Allocator::Impl {
   std::vector<std::atomic<detail::DeviceHeap*>> devices_;
   std::vector<std::unique_ptr<detail::DeviceHeap>> owned_;
   detail::PeerAccess peers_;
+  mutable std::mutex pools_mu_;
+  std::unordered_map<PoolId, int> pool_device_;  // every pool ever made
+  std::atomic<PoolId> next_pool_{1};
   std::atomic<std::uint64_t> generation_{0};
   const std::uint64_t id_;
 };

@@ -41,6 +41,11 @@ struct Block {
   // with the heap's lock released. The checker allows what that may leave
   // half done.
   bool pending = false;
+  // Free: its bin in the arena's FreeBins (free_bins.hpp).
+  Block* bin_prev = nullptr;
+  Block* bin_next = nullptr;
+  int bin = 0;
+  bool in_bins = false;
 
   std::uintptr_t end() const noexcept { return addr + size; }
 };

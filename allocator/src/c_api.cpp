@@ -126,10 +126,16 @@ bool device_ok(const Instance& inst, int device, const char* fn) noexcept {
   return false;
 }
 
-// GVM_CONF, then `conf` over it. Throws config_error.
+// GVM_CONF, then `conf` over it. Throws config_error naming which of the two
+// is wrong ("GVM_CONF: ..." or "conf: ...").
 Config make_config(const char* conf) {
   Config c = config_from_env();
-  return conf == nullptr ? c : parse_config(conf, c);
+  if (conf == nullptr) return c;
+  try {
+    return parse_config(conf, c);
+  } catch (const config_error& e) {
+    throw config_error(std::string("conf: ") + e.what());
+  }
 }
 
 // Builds the allocator over `driver` and publishes it. Caller holds g_lifecycle.
@@ -322,6 +328,18 @@ void* gvm_scratch_malloc(size_t size, int device, void* stream) {
   } catch (...) {
     gvm::fail_current(fn);
     return nullptr;
+  }
+}
+
+gvm_status gvm_forget_stream(void* stream) {
+  constexpr const char* fn = "gvm_forget_stream";
+  Instance* inst = gvm::g_instance.load(std::memory_order_acquire);
+  if (inst == nullptr) return GVM_OK;  // nothing was seen
+  try {
+    inst->allocator->forget_stream(stream);
+    return GVM_OK;
+  } catch (...) {
+    return gvm::fail_current(fn);
   }
 }
 
@@ -535,26 +553,23 @@ gvm_status gvm_device_stats(int device, gvm_device_stats_t* out) {
   try {
     const gvm::DeviceStats d = inst->allocator->device_stats(device);
     gvm_device_stats_t s{};
-    s.device = d.device;
-    s.live_bytes = d.live_bytes;
-    s.reserved_bytes = d.reserved_bytes;
-    s.cached_bytes = d.cached_bytes;
-    s.peak_live_bytes = d.peak_live_bytes;
-    s.peak_reserved_bytes = d.peak_reserved_bytes;
-    s.scratch_reserved_bytes = d.scratch_reserved_bytes;
-    s.allocations = d.allocations;
-    s.frees = d.frees;
-    s.cache_hits = d.cache_hits;
-    s.chunks_mapped = d.chunks_mapped;
-    s.chunks_unmapped = d.chunks_unmapped;
-    s.oom_retries = d.oom_retries;
-    s.fences = d.fences;
-    s.cross_stream_waits = d.cross_stream_waits;
+#define GVM_STATS_COPY(type, name, doc) s.name = d.name;
+    GVM_DEVICE_STATS_FIELDS(GVM_STATS_COPY)
+#undef GVM_STATS_COPY
     *out = s;
     return GVM_OK;
   } catch (...) {
     return gvm::fail_current(fn);
   }
+}
+
+const char* gvm_device_stats_schema(void) {
+  static const char* const kSchema =
+#define GVM_STATS_LINE(type, name, doc) #type " " #name " " doc "\n"
+      GVM_DEVICE_STATS_FIELDS(GVM_STATS_LINE)
+#undef GVM_STATS_LINE
+      ;
+  return kSchema;
 }
 
 }  // extern "C"

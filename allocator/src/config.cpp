@@ -5,8 +5,9 @@
 //   size   := digits [unit]             unit: B, K|KB|KiB, M|MB|MiB, G|GB|GiB,
 //                                       T|TB|TiB, any case, all powers of 1024
 //
-// Every error is a config_error that starts with "GVM_CONF:" and names the key
-// and the value, so a user who set the variable months ago sees what to fix.
+// Every error is a config_error that names the key and the value, so a user who
+// set the variable months ago sees what to fix. parse_config does not know where
+// the text came from; config_from_env prefixes its errors with "GVM_CONF: ".
 #include "gvm/config.hpp"
 
 #include <array>
@@ -53,9 +54,24 @@ bool iequals(std::string_view a, std::string_view b) {
   return true;
 }
 
+// A value or key quoted for a message: in full up to 64 characters, else its
+// start and its length (a runaway value must not flood the terminal).
+std::string quoted(std::string_view text) {
+  constexpr std::size_t kWhole = 64;
+  constexpr std::size_t kStart = 24;
+  std::string out(1, '"');
+  if (text.size() <= kWhole) {
+    out.append(text).push_back('"');
+    return out;
+  }
+  out.append(text.substr(0, kStart)).append("...\" (");
+  out.append(std::to_string(text.size())).append(" characters)");
+  return out;
+}
+
 [[noreturn]] void bad_value(std::string_view key, std::string_view value, std::string_view why) {
-  std::string msg = "GVM_CONF: bad value \"";
-  msg.append(value).append("\" for ").append(key).append(": ").append(why);
+  std::string msg = "bad value ";
+  msg.append(quoted(value)).append(" for ").append(key).append(": ").append(why);
   throw config_error(msg);
 }
 
@@ -232,8 +248,8 @@ std::string known_keys() {
 void apply_item(Config& c, std::string_view item) {
   const std::size_t colon = item.find(':');
   if (colon == std::string_view::npos) {
-    std::string msg = "GVM_CONF: item \"";
-    msg.append(item).append("\" has no value: expected key:value (known keys: ");
+    std::string msg = "item ";
+    msg.append(quoted(item)).append(" has no value: expected key:value (known keys: ");
     msg.append(known_keys()).append(")");
     throw config_error(msg);
   }
@@ -246,8 +262,8 @@ void apply_item(Config& c, std::string_view item) {
       return;
     }
   }
-  std::string msg = "GVM_CONF: unknown key \"";
-  msg.append(key).append("\" (known keys: ").append(known_keys()).append(")");
+  std::string msg = "unknown key ";
+  msg.append(quoted(key)).append(" (known keys: ").append(known_keys()).append(")");
   throw config_error(msg);
 }
 
@@ -288,7 +304,12 @@ Config parse_config(std::string_view text, Config base) {
 
 Config config_from_env() {
   const char* text = std::getenv("GVM_CONF");
-  return text == nullptr ? Config{} : parse_config(text);
+  if (text == nullptr) return Config{};
+  try {
+    return parse_config(text);
+  } catch (const config_error& e) {
+    throw config_error(std::string("GVM_CONF: ") + e.what());
+  }
 }
 
 const char* to_string(PeerPolicy p) noexcept {

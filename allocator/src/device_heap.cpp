@@ -104,11 +104,14 @@ Heap* DeviceHeap::existing_pool(std::uint64_t id) const {
 std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run>& runs,
                                                   std::size_t need, std::size_t requested) {
   const bool arena = h.kind() != Heap::Kind::scratch;
+  const bool capture = capturing();
   const auto live_after =
       static_cast<std::size_t>(std::max<std::int64_t>(0, live_total())) + requested;
   const GrowthPlan plan = policy_.plan(need, reserved(), budget_.peak(), live_after,
                                        static_cast<std::size_t>(peak_live_.load()), arena);
-  if (plan.release != 0) {
+  // During a capture nothing is released (a release fences: a host wait the
+  // capture forbids); past the cap that is an out-of-memory that says so.
+  if (plan.release != 0 && !capture) {
     // Empty spans are cached memory too: back to their arenas first, so
     // that their granules can go with the chunks.
     for (Heap* x : heaps()) x->reclaim_spans();
@@ -137,7 +140,7 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
   transit(static_cast<std::int64_t>(need));
   if (!budget_.charge(need, cap)) {
     transit(-static_cast<std::int64_t>(need));
-    throw_oom(requested, "the reserved-bytes cap");
+    throw_oom(requested, capture ? kCaptureCap : "the reserved-bytes cap");
   }
   try {
     return map_all();
@@ -145,11 +148,12 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
     budget_.credit(need);
     transit(-static_cast<std::int64_t>(need));
     if (e.result() != vmm::Result::out_of_memory) throw;
+    if (capture) throw_oom(requested, kCaptureDevice);
   }
   // Out of memory: fence, return every cached chunk of the device (empty
   // spans first), try once more.
   oom_retries_.fetch_add(1, std::memory_order_relaxed);
-  reclaim_for_oom();
+  const bool reclaimed = reclaim_for_oom() != 0;
   (void)release_cached(0, true, true);
   transit(static_cast<std::int64_t>(need));
   if (!budget_.charge(need, cap)) {
@@ -161,7 +165,7 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
   } catch (const vmm::DriverError& e) {
     budget_.credit(need);
     transit(-static_cast<std::int64_t>(need));
-    if (e.result() == vmm::Result::out_of_memory) throw_oom(requested, "the device");
+    if (e.result() == vmm::Result::out_of_memory) throw_oom(requested, "the device", reclaimed);
     throw;
   }
 }
@@ -183,7 +187,8 @@ vmm::DevicePtr DeviceHeap::segment_for(Heap& h, std::size_t* bytes, std::size_t 
   // The same rules as the VMM path, by whole segments.
   const GrowthPlan plan = policy_.plan(need, reserved(), budget_.peak(), live_after,
                                        static_cast<std::size_t>(peak_live_.load()), arena);
-  if (plan.release != 0) {
+  const bool capture = capturing();
+  if (plan.release != 0 && !capture) {
     for (Heap* x : heaps()) x->reclaim_spans();
     try {
       (void)release_cached(plan.release, false, !plan.slack);
@@ -195,18 +200,23 @@ vmm::DevicePtr DeviceHeap::segment_for(Heap& h, std::size_t* bytes, std::size_t 
   transit(static_cast<std::int64_t>(need));  // until the heap adds the segment
   if (!budget_.charge(need, cap)) {
     transit(-static_cast<std::int64_t>(need));
-    throw_oom(requested, "the reserved-bytes cap");
+    throw_oom(requested, capture ? kCaptureCap : "the reserved-bytes cap");
   }
   auto uncharge = [&] {
     budget_.credit(need);
     transit(-static_cast<std::int64_t>(need));
   };
   vmm::DevicePtr p = 0;
+  bool reclaimed = false;
   vmm::Result r = backing_->allocate_segment(bytes, alignment, &p);
+  if (r == vmm::Result::out_of_memory && capture) {
+    uncharge();
+    throw_oom(requested, kCaptureDevice);
+  }
   if (r == vmm::Result::out_of_memory) {
     oom_retries_.fetch_add(1, std::memory_order_relaxed);
     uncharge();
-    reclaim_for_oom();
+    reclaimed = reclaim_for_oom() != 0;
     (void)release_cached(0, true, true);
     transit(static_cast<std::int64_t>(need));
     if (!budget_.charge(need, cap)) {
@@ -218,7 +228,7 @@ vmm::DevicePtr DeviceHeap::segment_for(Heap& h, std::size_t* bytes, std::size_t 
   }
   if (r != vmm::Result::success) {
     uncharge();
-    if (r == vmm::Result::out_of_memory) throw_oom(requested, "the device");
+    if (r == vmm::Result::out_of_memory) throw_oom(requested, "the device", reclaimed);
     throw vmm::DriverError(r, "cuMemAlloc(device " + std::to_string(device()) + ", " +
                                   std::to_string(need) + " bytes)");
   }
@@ -232,6 +242,7 @@ vmm::DevicePtr DeviceHeap::segment_for(Heap& h, std::size_t* bytes, std::size_t 
 
 void* DeviceHeap::steal(std::size_t size, std::size_t bytes, StreamState& taker,
                         const Heap* except) {
+  if (capturing()) return nullptr;  // a steal may wait for the other stream
   for (Heap* h : heaps()) {
     if (h == except || h->kind() != Heap::Kind::stream) continue;
     // A cheap look first: only a heap with that much mapped and free memory.
@@ -242,15 +253,71 @@ void* DeviceHeap::steal(std::size_t size, std::size_t bytes, StreamState& taker,
   return nullptr;
 }
 
-bool DeviceHeap::deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream) {
+bool DeviceHeap::deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream,
+                            bool own_stream, std::size_t* requested) {
   const PageEntry* e = pages_.find(addr);
   if (e == nullptr) return false;
-  if (Span* s = e->span.load(std::memory_order_acquire); s != nullptr && s->contains(addr)) {
-    s->owner->free_slot(s, addr, bytes, stream);
+  Span* s = e->span.load(std::memory_order_acquire);
+  if (s != nullptr && !s->contains(addr)) s = nullptr;
+  Heap* h = s != nullptr ? s->owner : e->owner.load(std::memory_order_acquire);
+  if (h == nullptr) return false;
+  if (capturing() && !(h->kind() == Heap::Kind::pool && h->capturing())) [[unlikely]]
+    return defer_free(h, s, addr, bytes, stream, own_stream, requested);
+  if (s != nullptr) {
+    if (requested != nullptr) *requested = s->slot_size;
+    s->owner->free_slot(s, addr, bytes, own_stream ? s->owner->stream()->handle() : stream);
     return true;
   }
-  Heap* h = e->owner.load(std::memory_order_acquire);
-  return h != nullptr && h->deallocate_large(addr, bytes, stream, nullptr);
+  return h->deallocate_large(addr, bytes, stream, own_stream, requested);
+}
+
+bool DeviceHeap::defer_free(Heap* h, Span* s, std::uintptr_t addr, std::size_t bytes,
+                            vmm::StreamHandle stream, bool own_stream, std::size_t* requested) {
+  // The graph being captured may use this memory when it replays: it stays
+  // live until the last capture on the device ends (then it is freed as
+  // asked). Bad input is refused now, as it would be then.
+  std::size_t size = 0;
+  if (s != nullptr) {
+    size = s->slot_size;
+    if (!h->slot_is_live(s, addr))
+      throw usage_error("gvmalloc: deallocate(" + std::to_string(addr) +
+                        "): not a live block (already freed, never allocated, or an interior "
+                        "pointer)");
+  } else if (!h->live_large(addr, &size)) {
+    return false;
+  }
+  {
+    std::lock_guard<std::mutex> guard(deferred_mu_);
+    for (const DeferredFree& d : deferred_)
+      if (d.addr == addr)
+        throw usage_error("gvmalloc: deallocate(" + std::to_string(addr) +
+                          "): already freed (during this CUDA graph capture)");
+    if (captures_.load(std::memory_order_acquire) > 0) {
+      deferred_.push_back(DeferredFree{addr, bytes, stream, own_stream});
+      if (requested != nullptr) *requested = size;
+      return true;
+    }
+  }
+  // The capture ended meanwhile (end_capture swaps the list under the same
+  // lock): an ordinary free.
+  return deallocate(addr, bytes, stream, own_stream, requested);
+}
+
+void DeviceHeap::end_capture() {
+  std::vector<DeferredFree> todo;
+  {
+    std::lock_guard<std::mutex> guard(deferred_mu_);
+    if (captures_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    todo.swap(deferred_);
+  }
+  for (const DeferredFree& d : todo) {
+    try {
+      (void)deallocate(d.addr, d.bytes, d.stream, d.own_stream, nullptr);
+    } catch (...) {
+      // Checked when it was asked for; a driver that died meanwhile is
+      // nothing a free reports.
+    }
+  }
 }
 
 bool DeviceHeap::record_stream(std::uintptr_t addr, StreamState& user) {
@@ -301,7 +368,7 @@ std::size_t DeviceHeap::release_cached(std::size_t want, bool all, bool include_
 }
 
 void DeviceHeap::maybe_release_above_threshold() noexcept {
-  if (config_.release_threshold_bytes == SIZE_MAX) return;
+  if (config_.release_threshold_bytes == SIZE_MAX || capturing()) return;
   std::size_t scratch = 0;
   if (Heap* s = existing_scratch(); s != nullptr) scratch = s->mapped_estimate();
   const std::size_t res = reserved() > scratch ? reserved() - scratch : 0;
@@ -319,10 +386,18 @@ void DeviceHeap::maybe_release_above_threshold() noexcept {
   }
 }
 
-void DeviceHeap::reclaim_for_oom() {
+const char* const DeviceHeap::kCaptureCap =
+    "the reserved-bytes cap, during a CUDA graph capture, when cached memory cannot be given "
+    "back: raise max_reserved or memory_fraction, or run the captured work once before the "
+    "capture so that its memory is mapped";
+const char* const DeviceHeap::kCaptureDevice =
+    "the device, during a CUDA graph capture, when cached memory cannot be given back: run the "
+    "captured work once before the capture so that its memory is mapped, or free memory first";
+
+std::size_t DeviceHeap::reclaim_for_oom() {
   std::size_t n = 0;
   for (Heap* x : heaps()) n += x->reclaim_spans();
-  oom_reclaimed_spans_.fetch_add(n, std::memory_order_acq_rel);
+  return n;
 }
 
 void DeviceHeap::trim() {
@@ -355,7 +430,7 @@ void DeviceHeap::reset_peaks() noexcept {
   budget_.reset_peak();
 }
 
-void DeviceHeap::throw_oom(std::size_t bytes, const char* why) const {
+void DeviceHeap::throw_oom(std::size_t bytes, const char* why, bool reclaimed) const {
   std::size_t free_bytes = 0, total_bytes = 0;
   const bool have_info = driver_.mem_get_info(device(), &free_bytes, &total_bytes) == vmm::Result::success;
   const auto live = static_cast<std::size_t>(std::max<std::int64_t>(0, live_total()));
@@ -368,6 +443,7 @@ void DeviceHeap::throw_oom(std::size_t bytes, const char* why) const {
   if (const std::size_t cap = policy_.cap(); cap != 0) msg += ", reserved-bytes cap " + format_bytes(cap);
   if (have_info)
     msg += "; the device has " + format_bytes(free_bytes) + " free of " + format_bytes(total_bytes);
+  if (reclaimed) throw OomAfterReclaim(msg);
   throw out_of_memory(msg);
 }
 

@@ -26,6 +26,7 @@
 #include "access_tracker.hpp"
 #include "growth_policy.hpp"
 #include "gvm/config.hpp"
+#include "gvm/errors.hpp"
 #include "gvm/memory_map.hpp"
 #include "gvm/stats.hpp"
 #include "gvm/vmm/device_caps.hpp"
@@ -36,6 +37,12 @@
 #include "stream_registry.hpp"
 
 namespace gvm::detail {
+
+// An out_of_memory after which one more try may succeed (throw_oom).
+class OomAfterReclaim : public out_of_memory {
+ public:
+  using out_of_memory::out_of_memory;
+};
 
 // "1.50 GiB", for messages.
 std::string format_bytes(std::size_t n);
@@ -93,7 +100,11 @@ class DeviceHeap {
                              std::size_t requested);
   // Routes a free, record_stream or peer note by address: a slot to its
   // span's owner, a large block to the heap whose arena holds it.
-  bool deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream);
+  // own_stream: on the block's allocation stream (`stream` unused);
+  // *requested: what it was allocated with. During a capture on this device
+  // a block outside a capturing pool is kept until the capture ends.
+  bool deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream,
+                  bool own_stream = false, std::size_t* requested = nullptr);
   bool record_stream(std::uintptr_t addr, StreamState& user);
   void note_use(std::uintptr_t addr, StreamState& user);
   // A mapped free granule of another stream's heap for a span of `taker`'s
@@ -129,12 +140,15 @@ class DeviceHeap {
   void maybe_release_above_threshold() noexcept;
   // Empty spans and every cached chunk back; unused regions go.
   void trim();
-  // Spans given back by out-of-memory paths so far: their granules are
-  // mapped free memory another heap may now borrow or steal (the allocator
-  // tries once more when this moved).
-  std::uint64_t oom_reclaimed_spans() const noexcept {
-    return oom_reclaimed_spans_.load(std::memory_order_acquire);
-  }
+
+
+  // --- CUDA graph capture -------------------------------------------------------
+  // Captures under way on this device (Allocator::begin_capture): while any
+  // is, nothing here queries events, synchronises, fences or releases.
+  bool capturing() const noexcept { return captures_.load(std::memory_order_acquire) > 0; }
+  void begin_capture() noexcept { captures_.fetch_add(1, std::memory_order_acq_rel); }
+  // The last capture's end frees what was freed outside the pools meanwhile.
+  void end_capture();
 
   // --- accounting -------------------------------------------------------------
   // Sums the live bytes of every heap, raises the peak, and returns the
@@ -151,7 +165,11 @@ class DeviceHeap {
   void count_cross_stream_waits(std::uint64_t n) noexcept {
     cross_stream_waits_.fetch_add(n, std::memory_order_relaxed);
   }
-  [[noreturn]] void throw_oom(std::size_t bytes, const char* why) const;
+  // `reclaimed`: the out-of-memory path gave back unused spans, whose
+  // granules are mapped free memory another heap may now borrow or steal -
+  // which the failed attempt looked for before they were there: the
+  // allocator tries once more (OomAfterReclaim).
+  [[noreturn]] void throw_oom(std::size_t bytes, const char* why, bool reclaimed = false) const;
 
   DeviceStats stats() const;
   void memory_map(std::vector<SegmentInfo>& out) const;
@@ -159,7 +177,11 @@ class DeviceHeap {
 
  private:
   Heap& add_heap(std::unique_ptr<Heap> h);
-  void reclaim_for_oom();
+  bool defer_free(Heap* h, Span* s, std::uintptr_t addr, std::size_t bytes,
+                  vmm::StreamHandle stream, bool own_stream, std::size_t* requested);
+  static const char* const kCaptureCap;
+  static const char* const kCaptureDevice;
+  std::size_t reclaim_for_oom();
 
   vmm::Driver& driver_;
   const vmm::DeviceCaps& caps_;
@@ -188,7 +210,17 @@ class DeviceHeap {
   std::atomic<std::uint64_t> cross_stream_waits_{0};
   std::atomic<std::int64_t> transit_{0};
   std::atomic<std::int64_t> handoffs_{0};
-  std::atomic<std::uint64_t> oom_reclaimed_spans_{0};
+  std::atomic<int> captures_{0};
+  // Frees kept back by a capture: address, size, stream, own stream.
+  struct DeferredFree {
+    std::uintptr_t addr;
+    std::size_t bytes;
+    vmm::StreamHandle stream;
+    bool own_stream;
+  };
+  std::mutex deferred_mu_;
+  std::vector<DeferredFree> deferred_;
+
 };
 
 }  // namespace gvm::detail

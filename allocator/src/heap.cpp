@@ -40,14 +40,10 @@ Heap::~Heap() = default;
 
 int Heap::device() const noexcept { return device_.device(); }
 
-void Heap::add_live(std::int64_t n) noexcept {
-  const std::int64_t live = live_.load(std::memory_order_relaxed) + n;
-  live_.store(live, std::memory_order_relaxed);
-  if (n > 0 && live > peak_watermark_.load(std::memory_order_relaxed)) [[unlikely]] {
-    // Only this heap's own watermark moves: writing every heap's would
-    // bounce their cache lines between threads on each refresh.
-    peak_watermark_.store(live + device_.refresh_peak(), std::memory_order_relaxed);
-  }
+void Heap::refresh_watermark(std::int64_t live) noexcept {
+  // Only this heap's own watermark moves: writing every heap's would bounce
+  // their cache lines between threads on each refresh.
+  peak_watermark_.store(live + device_.refresh_peak(), std::memory_order_relaxed);
 }
 
 // Tokens for the work a block's users have queued so far: the allocation
@@ -135,7 +131,10 @@ void* Heap::allocate_large(std::size_t bytes, StreamState& user) {
   for (int attempt = 0; b == nullptr; ++attempt) {
     {
       std::lock_guard<SpinLock> guard(lock_);
-      b = arena_.take(size, kBlockAlignment, &user, false);
+      // During a capture on the device no stream waits for another's work
+      // (the wait may cross the capture's boundary): only memory this
+      // stream used last, or none did, is taken.
+      b = arena_.take(size, kBlockAlignment, &user, false, device_.capturing());
       if (b != nullptr) {
         waits = b->waits;
         b->waits.clear();
@@ -153,7 +152,7 @@ void* Heap::allocate_large(std::size_t bytes, StreamState& user) {
     if (b == nullptr) {
       // No room in the regions. Mapped free memory of another stream's heap
       // first, then address space (VMM) or a segment (no VMM).
-      if (kind_ == Kind::stream && attempt == 0) {
+      if (kind_ == Kind::stream && attempt == 0 && !device_.capturing()) {
         if (void* p = device_.steal(size, bytes, user, this); p != nullptr) return p;
       }
       if (attempt > 2) device_.throw_oom(bytes, "address space");
@@ -178,7 +177,7 @@ void* Heap::allocate_large(std::size_t bytes, StreamState& user) {
   };
   if (!mapped) {
     // Before growing: mapped free memory of another stream's heap.
-    if (kind_ == Kind::stream) {
+    if (kind_ == Kind::stream && !device_.capturing()) {
       if (void* p = device_.steal(size, bytes, user, this); p != nullptr) {
         undo();
         return p;
@@ -213,7 +212,7 @@ void* Heap::steal(std::size_t size, std::size_t bytes, StreamState& taker) {
     // A heap in the middle of a growth is skipped, not waited for.
     std::unique_lock<SpinLock> guard(lock_, std::try_to_lock);
     if (!guard.owns_lock()) return nullptr;
-    b = arena_.take(size, kBlockAlignment, &taker, true);
+    b = arena_.take(size, kBlockAlignment, &taker, true, false);
     if (b == nullptr) return nullptr;
     waits = b->waits;
     arena_.commit(b);
@@ -236,12 +235,13 @@ void* Heap::steal(std::size_t size, std::size_t bytes, StreamState& taker) {
 }
 
 bool Heap::deallocate_large(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream,
-                            std::size_t* requested) {
+                            bool own_stream, std::size_t* requested) {
   // The freeing stream's state, when it is not the block's own stream (rare:
   // looked up before taking the lock, which is a leaf).
   StreamState* own = this->stream();
   StreamState* freer = nullptr;
-  if (own == nullptr || stream != own->handle()) freer = &device_.streams().get(stream);
+  if (!own_stream && (own == nullptr || stream != own->handle()))
+    freer = &device_.streams().get(stream);
   bool had_users = false;
   WaitSet users;
   {
@@ -263,10 +263,11 @@ bool Heap::deallocate_large(std::uintptr_t addr, std::size_t bytes, vmm::StreamH
     add_live(-static_cast<std::int64_t>(b->size));
     arena_.give_back(b);
   }
-  if (had_users) {
+  if (had_users && !device_.capturing()) {
     // record_stream's promise, as PyTorch's allocator keeps it: an event on
     // every recorded stream at free time, so that a later taker waits for
-    // their work up to now and no further.
+    // their work up to now and no further. (Not during a capture: the
+    // stream may be capturing; a later taker records it then.)
     WaitSet fresh;
     for (int i = 0; i < users.size(); ++i) fresh.add(Token{users[i].stream, users[i].stream->epoch()});
     try {
@@ -275,14 +276,97 @@ bool Heap::deallocate_large(std::uintptr_t addr, std::size_t bytes, vmm::StreamH
       // deallocate reports bad input only; a later taker records or syncs.
     }
   }
+  if (released() && !device_.capturing()) {
+    // A released pool gives its memory back as its blocks come home.
+    try {
+      (void)release_cached(0, true);
+      drop_unused_regions();
+    } catch (...) {
+      // deallocate reports bad input only; the next trim tries again.
+    }
+  }
   device_.maybe_release_above_threshold();
   return true;
 }
 
+bool Heap::slot_is_live(Span* s, std::uintptr_t addr) const {
+  std::lock_guard<SpinLock> guard(lock_);
+  const std::uint32_t idx = s->slot_at(addr - s->base);
+  return idx != s->slots && s->is_allocated(idx);
+}
+
+bool Heap::live_large(std::uintptr_t addr, std::size_t* requested) const {
+  std::lock_guard<SpinLock> guard(lock_);
+  const Block* b = arena_.find_start(addr);
+  if (b == nullptr) return false;
+  *requested = b->requested;
+  return true;
+}
+
+void Heap::release_pool() {
+  released_.store(true, std::memory_order_release);
+  (void)release_cached(0, true);
+  drop_unused_regions();
+}
+
+void* Heap::allocate_at(std::uintptr_t addr, std::size_t bytes, StreamState& user) {
+  const std::size_t size = round_up(bytes, kBlockAlignment);
+  WaitSet waits;
+  std::vector<std::uint32_t> counted;
+  Block* b = nullptr;
+  bool mapped = false;
+  {
+    std::lock_guard<SpinLock> guard(lock_);
+    b = arena_.take_at(addr, size);
+    if (b == nullptr)
+      throw usage_error("gvmalloc: allocate_at(" + hex(addr) + ", " + std::to_string(bytes) +
+                        " bytes): the range is not free memory of pool " + std::to_string(pool_));
+    waits = b->waits;
+    b->waits.clear();
+    b->stream = &user;
+    arena_.commit(b, counted);
+    mapped = arena_.fully_mapped(b);
+    if (mapped) (void)finish_large(b, user, bytes, true);
+  }
+  auto undo = [&](bool finished) {
+    std::lock_guard<SpinLock> guard(lock_);
+    if (finished) {
+      arena_.unlink_start(b);
+      --allocations_;
+      add_live(-static_cast<std::int64_t>(b->size));
+    }
+    arena_.uncommit(counted);
+    b->waits = waits;
+    arena_.give_back(b);
+  };
+  if (!mapped) {
+    try {
+      map_under(b, counted, bytes);
+    } catch (...) {
+      undo(false);
+      throw;
+    }
+    std::lock_guard<SpinLock> guard(lock_);
+    (void)finish_large(b, user, bytes, false);
+  }
+  if (!waits.only(&user)) {
+    if (device_.capturing())
+      device_.throw_oom(bytes, "CUDA graph capture: the range was last used by another stream, "
+                               "whose work a capture cannot wait for");
+    try {
+      device_.count_cross_stream_waits(device_.tracker().order(waits, user));
+    } catch (...) {
+      undo(true);
+      throw;
+    }
+  }
+  return reinterpret_cast<void*>(b->addr);
+}
+
 void Heap::record_slot(Span* s, std::uintptr_t addr, StreamState& user) {
   std::lock_guard<SpinLock> guard(lock_);
-  const std::uintptr_t off = addr - s->base;
-  if (off % s->slot_size != 0 || !s->is_allocated(static_cast<std::uint32_t>(off / s->slot_size)))
+  const std::uint32_t idx = s->slot_at(addr - s->base);
+  if (idx == s->slots || !s->is_allocated(idx))
     throw usage_error("gvmalloc: record_stream(" + hex(addr) + "): not a live block");
   if (&user != stream()) small_.recorded()[addr].add(Token{&user, 0});
 }
@@ -337,7 +421,7 @@ Span* Heap::new_span(int size_class, std::size_t bytes, std::uintptr_t* first) {
   for (int attempt = 0; b == nullptr; ++attempt) {
     {
       std::lock_guard<SpinLock> guard(lock_);
-      b = arena_.take(kGranule, kGranule, &own, false);
+      b = arena_.take(kGranule, kGranule, &own, false, device_.capturing());
       if (b != nullptr) {
         waits = b->waits;
         b->waits.clear();
@@ -395,7 +479,7 @@ Block* Heap::lend_granule(StreamState& taker) {
   {
     std::unique_lock<SpinLock> guard(lock_, std::try_to_lock);
     if (!guard.owns_lock()) return nullptr;
-    b = arena_.take(kGranule, kGranule, &taker, true);
+    b = arena_.take(kGranule, kGranule, &taker, true, false);
     if (b == nullptr) return nullptr;
     waits = b->waits;
     b->waits.clear();
@@ -423,6 +507,7 @@ void Heap::attach_span(Block* b, Span* s) {
 }
 
 Span* Heap::borrow_span(int size_class, StreamState& own, std::uintptr_t* first) {
+  if (device_.capturing()) return nullptr;  // a borrow may wait for the lender's stream
   // A span handed between two heaps' locks: the checker allows for it.
   DeviceHeap::Handoff handoff(device_);
   Heap* lender = nullptr;
@@ -529,9 +614,8 @@ void Heap::free_slot(Span* s, std::uintptr_t addr, std::size_t bytes, vmm::Strea
   bool drain = false;
   {
     std::lock_guard<SpinLock> guard(lock_);
-    const std::uintptr_t off = addr - s->base;
-    idx = static_cast<std::uint32_t>(off / s->slot_size);
-    if (off % s->slot_size != 0 || !s->is_allocated(idx))
+    idx = s->slot_at(addr - s->base);
+    if (idx == s->slots || !s->is_allocated(idx))
       throw usage_error("gvmalloc: deallocate(" + hex(addr) + ") on device " +
                         std::to_string(device()) +
                         ": not a live block (already freed, never allocated, or an interior pointer)");
@@ -605,6 +689,7 @@ std::size_t Heap::reclaim_spans() {
 // --------------------------------------------------------------- release --
 
 std::size_t Heap::release_cached(std::size_t want, bool all) {
+  std::lock_guard<std::mutex> chunks(chunks_mu_);
   std::vector<LargeArena::Release> picked;
   WaitSet waits;
   {

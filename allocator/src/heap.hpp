@@ -46,6 +46,7 @@ class Heap {
 
   Kind kind() const noexcept { return kind_; }
   int device() const noexcept;
+  DeviceHeap& device_heap() const noexcept { return device_; }
   std::uint64_t pool() const noexcept { return pool_; }
   StreamState* stream() const noexcept { return stream_.load(std::memory_order_acquire); }
   // A retired stream's heap given to a new stream (its old stream is
@@ -66,8 +67,14 @@ class Heap {
   // false, changing nothing, when none of this heap starts there. Throws
   // usage_error (nothing changed) for a size that does not match.
   // `*requested`: what the block was allocated with.
+  // own_stream: on the block's allocation stream (`stream` unused).
   bool deallocate_large(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream,
-                        std::size_t* requested);
+                        bool own_stream, std::size_t* requested);
+  // The live block at addr, for a free deferred during a capture: its
+  // requested size, or false if there is none (nothing changes).
+  bool live_large(std::uintptr_t addr, std::size_t* requested) const;
+  // Exactly [addr, addr + bytes) as a live block again (Allocator::allocate_at).
+  void* allocate_at(std::uintptr_t addr, std::size_t bytes, StreamState& user);
   // Frees a slot of span s (this heap is its owner). Throws usage_error for
   // a slot that is not live or a size of another class.
   void free_slot(Span* s, std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream);
@@ -78,9 +85,21 @@ class Heap {
   // `user` (of any device) uses the live slot / block holding addr: its
   // free, and any fence before this memory's access changes, wait for it.
   void note_slot(Span* s, std::uintptr_t addr, StreamState& user);
+  bool slot_is_live(Span* s, std::uintptr_t addr) const;
   void note_large(std::uintptr_t addr, StreamState& user);
   bool is_live_block(std::uintptr_t addr, std::size_t bytes) const;
   bool holds(std::uintptr_t addr) const;
+
+  // --- a private pool ----------------------------------------------------------
+  // A capture into this pool is under way (Allocator::begin_capture).
+  void capture(int delta) noexcept { capturing_.fetch_add(delta, std::memory_order_acq_rel); }
+  bool capturing() const noexcept { return capturing_.load(std::memory_order_acquire) > 0; }
+  // No allocation names the pool again; its memory goes back as it is freed.
+  void release_pool();
+  // As release_pool, but its memory goes back from the next free on (a
+  // capture on the device forbids the fence now).
+  void release_pool_later() noexcept { released_.store(true, std::memory_order_release); }
+  bool released() const noexcept { return released_.load(std::memory_order_acquire); }
 
   // --- for the device heap ----------------------------------------------------
   // A wholly mapped free block of `size` for `taker`, a stream of another
@@ -112,8 +131,10 @@ class Heap {
   // reads it under the shared one.
   const std::vector<vmm::AccessDesc>& access() const noexcept { return access_; }
   void set_access_list(std::vector<vmm::AccessDesc> a) { access_ = std::move(a); }
-  // The mapped chunks, for an access change.
+  // The mapped chunks, for an access change. Hold chunks_lock() across the
+  // change: no release drops a chunk meanwhile.
   std::vector<Run> chunk_ranges() const;
+  std::mutex& chunks_lock() noexcept { return chunks_mu_; }
   // Every stream that may touch this heap's memory now: live blocks' streams
   // and users, free blocks' waits (the fence before an access change).
   WaitSet touching() const;
@@ -141,7 +162,15 @@ class Heap {
   Span* borrow_span(int size_class, StreamState& own, std::uintptr_t* first);
   void drain_lent();
   void give_back_span(Span* s);  // lock_ held
-  void add_live(std::int64_t n) noexcept;
+  // Live bytes up or down (lock_ held); past the watermark the device's
+  // peak is refreshed (device_heap.hpp).
+  void add_live(std::int64_t n) noexcept {
+    const std::int64_t live = live_.load(std::memory_order_relaxed) + n;
+    live_.store(live, std::memory_order_relaxed);
+    if (live > peak_watermark_.load(std::memory_order_relaxed)) [[unlikely]]
+      refresh_watermark(live);
+  }
+  [[gnu::noinline]] void refresh_watermark(std::int64_t live) noexcept;
   WaitSet tokens_now(const Block* b, StreamState* also) const;
 
   DeviceHeap& device_;
@@ -154,6 +183,10 @@ class Heap {
 
   mutable SpinLock lock_;
   std::mutex growing_;
+  // Held by a release of this heap's chunks and by an access change of them
+  // (the peer scratch: a release for another heap's growth may come from any
+  // thread, with no policy lock).
+  std::mutex chunks_mu_;
   LargeArena arena_;
   SmallBlocks small_;
   // Lent granules whose spans went unused, to go home with lock_ released.
@@ -175,6 +208,8 @@ class Heap {
   std::uint64_t hits_ = 0;
   std::uint64_t cross_stream_waits_ = 0;
   std::atomic<std::uint64_t> waits_outside_{0};  // counted with lock_ released
+  std::atomic<int> capturing_{0};
+  std::atomic<bool> released_{false};
 };
 
 }  // namespace gvm::detail

@@ -6,6 +6,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "gvm/allocator.hpp"
 #include "span.hpp"
 
 namespace gvm::detail {
@@ -30,7 +31,6 @@ LargeArena::~LargeArena() {
   }
   // VMM reservations go with regions_.
   chunks_.clear();
-  free_.clear();
   regions_.clear();
 }
 
@@ -47,7 +47,7 @@ Region& LargeArena::new_region(std::uintptr_t base, std::size_t size) {
   b->region = &r;
   b->free = true;
   r.first = b;
-  free_.insert(b);
+  insert_free(b);
   r.index = regions_.size();
   regions_.push_back(std::move(rec));
   return r;
@@ -79,7 +79,7 @@ void LargeArena::add_segment(vmm::DevicePtr base, std::size_t size) {
 void LargeArena::remove_region(Region* r) {
   for (Block* b = r->first; b != nullptr;) {
     Block* next = b->next;
-    if (b->free) free_.erase(b);
+    if (b->free) erase_free(b);
     blocks_.recycle(b);
     b = next;
   }
@@ -108,37 +108,75 @@ std::size_t LargeArena::drop_unused_regions() {
 // ----------------------------------------------------------------- blocks --
 
 Block* LargeArena::find_fit(std::size_t size, std::size_t alignment, const StreamState* taker,
-                            bool mapped_only) {
-  Block probe;
-  probe.size = size;
-  probe.addr = 0;
-  auto it = free_.lower_bound(&probe);
-  auto own = [&](const Block* b) { return !b->waits.empty() && b->waits.only(taker); };
-  auto fits = [&](const Block* b) {
-    const std::uintptr_t a = round_up(b->addr, alignment);
-    if (a + size > b->end()) return false;
-    if (!mapped_only) return true;
-    Block view;  // the part the taker would get
-    view.addr = a;
+                            bool mapped_only, bool strict, std::uintptr_t* at) {
+  // Where in b the taker's block would go: its start, or - strict, when b
+  // holds other streams' memory - its unmapped tail, which waits for nothing
+  // (free memory at a region's frontier merges with the blocks freed next to
+  // it, so the unmapped rest carries their waits).
+  auto place = [&](const Block* b, std::uintptr_t* where) {
+    if (b->size < size) return false;
+    const std::uintptr_t head = round_up(b->addr, alignment);
+    if (head + size > b->end()) return false;
+    Block view;
     view.size = size;
+    if (strict && !b->waits.only(taker)) {
+      view.addr = (b->end() - size) / alignment * alignment;
+      if (view.addr < head || !unmapped(&view)) return false;
+      *where = view.addr;
+      return true;
+    }
+    *where = head;
+    if (!mapped_only) return true;
+    view.addr = head;  // the part the taker would get
     return fully_mapped(&view);
   };
-  // Among the few best fits, one last used by `taker` alone wins. Untouched
-  // blocks get no preference: they are mostly the unmapped rest of a region,
-  // and a wait for another stream costs less than growing.
-  constexpr int kLook = 8;
-  Block* first = nullptr;
-  const int limit = alignment > kGranule / 4 || mapped_only ? 64 : kLook;
-  for (int scanned = 0; it != free_.end() && scanned < limit; ++it, ++scanned) {
-    if (!fits(*it)) continue;
-    if (own(*it)) return *it;
-    if (first == nullptr) first = *it;
+  auto own = [&](const Block* b) { return !b->waits.empty() && b->waits.only(taker); };
+  auto before = [](const Block* a, const Block* b) {
+    return a->size != b->size ? a->size < b->size : a->addr < b->addr;
+  };
+  // The first bin holding a block that fits holds the best fit: its
+  // smallest (by size, then address) - or, if one there was last used by
+  // `taker` alone, that one (a stream reuses its own memory without
+  // waiting). Untouched blocks get no preference: they are mostly the
+  // unmapped rest of a region, and a wait for another stream costs less
+  // than growing. Aligned requests (spans), steals and strict takes look a
+  // little further, as a bin's blocks may not fit at the alignment, be
+  // mapped, or be free of other streams' work.
+  constexpr int kScan = 32;  // blocks looked at in one bin
+  int bins_left = alignment > kBlockAlignment || mapped_only || strict ? 8 : 2;
+  for (int bin = free_.next_bin(FreeBins::bin_of(size)); bin < FreeBins::kBins && bins_left > 0;
+       bin = free_.next_bin(bin + 1), --bins_left) {
+    Block* best = nullptr;
+    std::uintptr_t best_at = 0, where = 0;
+    int scanned = 0;
+    for (Block* b = free_.head(bin); b != nullptr && scanned < kScan; b = b->bin_next, ++scanned) {
+      if (!place(b, &where)) continue;
+      if (own(b)) {
+        *at = where;
+        return b;
+      }
+      if (best == nullptr || before(b, best)) {
+        best = b;
+        best_at = where;
+      }
+    }
+    if (best != nullptr) {
+      *at = best_at;
+      return best;
+    }
   }
-  if (first != nullptr) return first;
-  // Aligned requests (spans) that found nothing among the best fits try the
-  // largest block, which is mostly the unmapped rest of a region.
-  if (alignment > kGranule / 4 && !mapped_only && !free_.empty() && fits(*free_.rbegin()))
-    return *free_.rbegin();
+  // Aligned or strict requests that found nothing try the largest block,
+  // which is mostly the unmapped rest of a region.
+  if ((alignment > kBlockAlignment || strict) && !mapped_only) {
+    if (const int last = free_.last_bin(); last >= 0) {
+      std::uintptr_t where = 0;
+      for (Block* b = free_.head(last); b != nullptr; b = b->bin_next)
+        if (place(b, &where)) {
+          *at = where;
+          return b;
+        }
+    }
+  }
   return nullptr;
 }
 
@@ -160,19 +198,40 @@ Block* LargeArena::split_after(Block* x, std::size_t keep) {
 Block* LargeArena::split_to(Block* b, std::uintptr_t at, std::size_t size) {
   if (at > b->addr) {
     Block* rest = split_after(b, at - b->addr);
-    free_.insert(b);  // the head stays free
+    insert_free(b);  // the head stays free
     b = rest;
   }
-  if (b->size > size) free_.insert(split_after(b, size));
+  if (b->size > size) insert_free(split_after(b, size));
   return b;
 }
 
+Block* LargeArena::take_at(std::uintptr_t addr, std::size_t size) {
+  for (const auto& r : regions_) {
+    if (addr - r->base >= r->size) continue;
+    for (Block* b = r->first; b != nullptr; b = b->next) {
+      if (b->end() <= addr) continue;
+      if (!b->free || b->addr > addr || addr + size > b->end()) return nullptr;
+      erase_free(b);
+      b = split_to(b, addr, size);
+      b->free = false;
+      b->releasing = false;
+      b->pending = true;
+      b->span = nullptr;
+      b->requested = size;
+      if (unmapped(b)) b->waits.clear();
+      return b;
+    }
+  }
+  return nullptr;
+}
+
 Block* LargeArena::take(std::size_t size, std::size_t alignment, const StreamState* taker,
-                        bool mapped_only) {
-  Block* b = find_fit(size, alignment, taker, mapped_only);
+                        bool mapped_only, bool strict) {
+  std::uintptr_t at = 0;
+  Block* b = find_fit(size, alignment, taker, mapped_only, strict, &at);
   if (b == nullptr) return nullptr;
-  free_.erase(b);
-  b = split_to(b, round_up(b->addr, alignment), size);
+  erase_free(b);
+  b = split_to(b, at, size);
   b->free = false;
   b->releasing = false;
   b->pending = true;
@@ -192,7 +251,7 @@ void LargeArena::give_back(Block* b) {
   b->span = nullptr;
   b->stream = nullptr;
   if (Block* n = b->next; n != nullptr && n->free && mergeable(b->waits, n->waits)) {
-    free_.erase(n);
+    erase_free(n);
     b->size += n->size;
     b->waits.merge(n->waits);
     b->next = n->next;
@@ -200,7 +259,7 @@ void LargeArena::give_back(Block* b) {
     blocks_.recycle(n);
   }
   if (Block* p = b->prev; p != nullptr && p->free && mergeable(p->waits, b->waits)) {
-    free_.erase(p);
+    erase_free(p);
     p->size += b->size;
     p->waits.merge(b->waits);
     p->next = b->next;
@@ -208,12 +267,25 @@ void LargeArena::give_back(Block* b) {
     blocks_.recycle(b);
     b = p;
   }
-  free_.insert(b);
+  insert_free(b);
 }
 
 std::size_t LargeArena::largest_mapped_free() const {
-  for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
-    const Block* b = *it;
+  // Largest first, bin by bin (within a bin the order does not matter: the
+  // answer is a maximum).
+  std::size_t found = 0;
+  for (int bin = free_.last_bin(); bin >= 0; --bin) {
+    for (const Block* b = free_.head(bin); b != nullptr; b = b->bin_next) {
+      const std::size_t m = mapped_stretch(b);
+      found = std::max(found, m);
+    }
+    if (found != 0) return found;
+  }
+  return 0;
+}
+
+std::size_t LargeArena::mapped_stretch(const Block* b) const {
+  {
     if (fully_mapped(b)) return b->size;
     // A partly mapped free block: its largest mapped stretch.
     std::size_t best = 0, cur = 0;
@@ -226,9 +298,8 @@ std::size_t LargeArena::largest_mapped_free() const {
         cur = 0;
       }
     }
-    if (best != 0) return std::min(best, b->size);
+    return std::min(best, b->size);
   }
-  return 0;
 }
 
 void LargeArena::link_start(Block* b) {
@@ -416,13 +487,13 @@ WaitSet LargeArena::begin_release(std::uint32_t idx, Release* out) {
   while (b != nullptr && b->addr < hi) {
     Block* next = b->next;
     if (b->free) {
-      free_.erase(b);
+      erase_free(b);
       if (b->addr < lo) {
         Block* rest = split_after(b, lo - b->addr);
-        free_.insert(b);
+        insert_free(b);
         b = rest;
       }
-      if (b->end() > hi) free_.insert(split_after(b, hi - b->addr));
+      if (b->end() > hi) insert_free(split_after(b, hi - b->addr));
       next = b->next;
       waits.merge(b->waits);
       b->free = false;
@@ -508,8 +579,8 @@ bool LargeArena::check(std::string* why, std::size_t* large_live, std::size_t* s
         ++free_blocks;
         if (prev != nullptr && prev->free && mergeable(prev->waits, b->waits))
           return fail("two free neighbours were not merged");
-        if (free_.find(const_cast<Block*>(b)) == free_.end())
-          return fail("free block not in the free set");
+        if (!b->in_bins || b->bin != FreeBins::bin_of(b->size))
+          return fail("free block not in its bin");
         continue;
       }
       if (b->releasing) continue;  // a release under way: its chunk is checked below
@@ -538,7 +609,7 @@ bool LargeArena::check(std::string* why, std::size_t* large_live, std::size_t* s
     }
     if (at != r.base + r.size) return fail("blocks do not cover the region");
   }
-  if (free_blocks != free_.size()) return fail("free set holds blocks that are not free");
+  if (free_blocks != free_.size()) return fail("the bins hold blocks that are not free");
   std::size_t mapped = 0;
   for (std::uint32_t i = 0; i < chunks_.size(); ++i) {
     const ChunkRec& c = chunks_[i];

@@ -30,7 +30,7 @@
 #include "gvm/memory_map.hpp"
 #include "gvm/vmm/driver.hpp"
 #include "gvm/vmm/owners.hpp"
-#include "node_pool.hpp"
+#include "free_bins.hpp"
 #include "page_map.hpp"
 
 namespace gvm::detail {
@@ -67,13 +67,20 @@ class LargeArena {
   // `taker` wins (a stream reuses its own memory without waiting).
   // mapped_only: only blocks whose every granule is mapped (a steal).
   // Null when nothing fits.
-  Block* take(std::size_t size, std::size_t alignment, const StreamState* taker, bool mapped_only);
+  // strict: only blocks that need no wait for `taker` (a capture).
+  Block* take(std::size_t size, std::size_t alignment, const StreamState* taker, bool mapped_only,
+              bool strict = false);
+  // Exactly [addr, addr + size) of a free block, carved out like take's; null
+  // if the range is not all inside one free block.
+  Block* take_at(std::uintptr_t addr, std::size_t size);
   // A block handed out from `take` or freed by its user goes back: free,
   // with b->waits as the work a taker must wait for, merged with free
   // neighbours where mergeable.
   void give_back(Block* b);
   // The largest free block's size, mapped bytes only (cacheInfo).
   std::size_t largest_mapped_free() const;
+  // The longest run of mapped bytes in free block b.
+  std::size_t mapped_stretch(const Block* b) const;
 
   void link_start(Block* b);
   void unlink_start(Block* b);
@@ -158,16 +165,13 @@ class LargeArena {
     bool in_use = false;
     bool releasing = false;
   };
-  struct BySizeAddr {
-    bool operator()(const Block* a, const Block* b) const noexcept {
-      return a->size != b->size ? a->size < b->size : a->addr < b->addr;
-    }
-  };
 
   Block* find_fit(std::size_t size, std::size_t alignment, const StreamState* taker,
-                  bool mapped_only);
+                  bool mapped_only, bool strict, std::uintptr_t* at);
   Block* split_to(Block* b, std::uintptr_t at, std::size_t size);
   Block* split_after(Block* x, std::size_t keep);
+  void insert_free(Block* b) { free_.insert(b); }
+  void erase_free(Block* b) { free_.erase(b); }
   Region& new_region(std::uintptr_t base, std::size_t size);
   void remove_region(Region* r);
   std::uint32_t new_chunk_slot();
@@ -180,8 +184,7 @@ class LargeArena {
   const bool on_demand_;
   BlockPool blocks_;
   std::vector<std::unique_ptr<Region>> regions_;
-  NodeArena free_nodes_;  // declared before free_: outlives it
-  std::set<Block*, BySizeAddr, NodePool<Block*>> free_{BySizeAddr{}, NodePool<Block*>(free_nodes_)};
+  FreeBins free_;
   std::vector<ChunkRec> chunks_;
   std::vector<std::uint32_t> free_chunk_slots_;
   std::size_t mapped_ = 0;

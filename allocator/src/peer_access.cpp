@@ -84,6 +84,7 @@ void PeerAccess::apply_access(Heap& h, const std::vector<vmm::AccessDesc>& acces
     if (std::none_of(old.begin(), old.end(), [&](const auto& o) { return o.device == a.device; }))
       undo.push_back({a.device, vmm::Access::none});
   if (h.backing_on_demand()) {
+    std::lock_guard<std::mutex> no_release(h.chunks_lock());
     const std::vector<Run> chunks = h.chunk_ranges();
     for (std::size_t i = 0; i < chunks.size(); ++i) {
       const vmm::Result r =

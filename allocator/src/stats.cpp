@@ -3,6 +3,7 @@
 
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <string_view>
 
 #include "json.hpp"
@@ -60,25 +61,20 @@ void append_field(std::string& out, bool& first, std::string_view name, std::uin
 void append_device(std::string& out, const DeviceStats& d) {
   out += '{';
   bool first = true;
-  // The device id is the only signed field; -1 (unset) must stay -1.
-  detail::append_json_string(out, "device");
-  out += ':';
-  out += std::to_string(d.device);
-  first = false;
-  append_field(out, first, "live_bytes", d.live_bytes);
-  append_field(out, first, "reserved_bytes", d.reserved_bytes);
-  append_field(out, first, "cached_bytes", d.cached_bytes);
-  append_field(out, first, "peak_live_bytes", d.peak_live_bytes);
-  append_field(out, first, "peak_reserved_bytes", d.peak_reserved_bytes);
-  append_field(out, first, "scratch_reserved_bytes", d.scratch_reserved_bytes);
-  append_field(out, first, "allocations", d.allocations);
-  append_field(out, first, "frees", d.frees);
-  append_field(out, first, "cache_hits", d.cache_hits);
-  append_field(out, first, "chunks_mapped", d.chunks_mapped);
-  append_field(out, first, "chunks_unmapped", d.chunks_unmapped);
-  append_field(out, first, "oom_retries", d.oom_retries);
-  append_field(out, first, "fences", d.fences);
-  append_field(out, first, "cross_stream_waits", d.cross_stream_waits);
+  // Every field of the table, in its order; the device id is the only
+  // signed one, and -1 (unset) must stay -1.
+#define GVM_STATS_JSON(type, name, doc)                 \
+  if constexpr (std::is_signed_v<type>) {              \
+    if (!first) out += ',';                            \
+    first = false;                                     \
+    detail::append_json_string(out, #name);            \
+    out += ':';                                        \
+    out += std::to_string(d.name);                     \
+  } else {                                             \
+    append_field(out, first, #name, d.name);           \
+  }
+  GVM_DEVICE_STATS_FIELDS(GVM_STATS_JSON)
+#undef GVM_STATS_JSON
   out += '}';
 }
 

@@ -6,7 +6,7 @@
 //
 //   INSTANTIATE_TEST_SUITE_P(Cuda, AllocatorSuite,
 //       ::testing::Values(gvm::test::AllocatorTarget{"cuda",
-//           [](std::string* why) { return gvm::vmm::try_load_cuda_driver(why); },
+//           [](std::string* why) { return gvm::vmm::try_load_cuda_test_driver(why); },
 //           gvm::Config{}, std::size_t{2} << 30}),
 //       gvm::test::target_name);
 //
@@ -56,7 +56,7 @@ inline constexpr std::size_t kMiB = std::size_t{1} << 20;
 struct AllocatorTarget {
   std::string name;  // the test-name suffix: letters, digits and '_' only
   // A driver, or nullptr with *why saying why there is none.
-  std::function<std::unique_ptr<vmm::Driver>(std::string* why)> make;
+  std::function<std::unique_ptr<vmm::TestDriver>(std::string* why)> make;
   Config config;
   // The most bytes the suite maps per device. Where the device has more free
   // memory than this, the tests that run out of memory cap the allocator
@@ -144,7 +144,7 @@ class AllocatorSuite : public ::testing::TestWithParam<AllocatorTarget> {
   }
 
   const AllocatorTarget& target() const { return GetParam(); }
-  vmm::Driver& driver() { return *driver_; }
+  vmm::TestDriver& driver() { return *driver_; }
   vmm::SimDriver* sim() { return sim_; }
   int devices() const { return devices_; }
   std::size_t budget() const { return target().budget; }
@@ -249,7 +249,7 @@ class AllocatorSuite : public ::testing::TestWithParam<AllocatorTarget> {
   }
   void give(const Held& h) { alloc().deallocate(h.p, h.bytes, h.device, h.stream); }
 
-  std::unique_ptr<vmm::Driver> driver_;
+  std::unique_ptr<vmm::TestDriver> driver_;
   vmm::SimDriver* sim_ = nullptr;
   int devices_ = 0;
   std::size_t device_free_ = 0;
@@ -269,15 +269,9 @@ struct Frozen {
     calls = s.driver.calls;
   }
   static bool same(const DeviceStats& a, const DeviceStats& b) {
-    return a.device == b.device && a.live_bytes == b.live_bytes &&
-           a.reserved_bytes == b.reserved_bytes && a.cached_bytes == b.cached_bytes &&
-           a.peak_live_bytes == b.peak_live_bytes &&
-           a.peak_reserved_bytes == b.peak_reserved_bytes &&
-           a.scratch_reserved_bytes == b.scratch_reserved_bytes && a.allocations == b.allocations &&
-           a.frees == b.frees && a.cache_hits == b.cache_hits &&
-           a.chunks_mapped == b.chunks_mapped && a.chunks_unmapped == b.chunks_unmapped &&
-           a.oom_retries == b.oom_retries && a.fences == b.fences &&
-           a.cross_stream_waits == b.cross_stream_waits;
+#define GVM_STATS_SAME(type, name, doc) a.name == b.name&&
+    return GVM_DEVICE_STATS_FIELDS(GVM_STATS_SAME) true;
+#undef GVM_STATS_SAME
   }
   friend bool operator==(const Frozen& a, const Frozen& b) {
     if (a.devices.size() != b.devices.size() || a.calls != b.calls) return false;

@@ -19,11 +19,11 @@ extern const vmm::Profile kSuiteProfile;
 
 namespace {
 
-// What SimTiny stands for (Scudo-style tiny configs, STYLE.md).
+// What SimTiny stands for (tiny configs, so that out-of-memory and eviction paths run in milliseconds).
 constexpr std::size_t kTinyBudget = 64 * kMiB;
 constexpr std::size_t kTinyChunk = 2 * kMiB;
 
-std::unique_ptr<vmm::Driver> make_sim(const vmm::DeviceProfile& d, std::size_t budget) {
+std::unique_ptr<vmm::TestDriver> make_sim(const vmm::DeviceProfile& d, std::size_t budget) {
   auto sim = std::make_unique<vmm::SimDriver>(std::vector<vmm::DeviceProfile>{d, d});
   sim->enable_backing(true);
   if (budget != 0)

@@ -20,13 +20,9 @@ extern "C" int gvm_c_round_trip(void);  // c_header_check.c
 
 // At global scope, where the argument type lives, so std::vector's == finds it.
 static bool operator==(const gvm_device_stats_t& a, const gvm_device_stats_t& b) {
-  return a.device == b.device && a.live_bytes == b.live_bytes &&
-         a.reserved_bytes == b.reserved_bytes && a.cached_bytes == b.cached_bytes &&
-         a.peak_live_bytes == b.peak_live_bytes && a.peak_reserved_bytes == b.peak_reserved_bytes &&
-         a.scratch_reserved_bytes == b.scratch_reserved_bytes && a.allocations == b.allocations &&
-         a.frees == b.frees && a.cache_hits == b.cache_hits && a.chunks_mapped == b.chunks_mapped &&
-         a.chunks_unmapped == b.chunks_unmapped && a.oom_retries == b.oom_retries &&
-         a.fences == b.fences && a.cross_stream_waits == b.cross_stream_waits;
+#define GVM_STATS_EQ(type, name, doc) a.name == b.name&&
+  return GVM_DEVICE_STATS_FIELDS(GVM_STATS_EQ) true;
+#undef GVM_STATS_EQ
 }
 
 namespace gvm {
@@ -209,7 +205,7 @@ TEST_F(CApi, BadInitArgumentsAreRefusedAndStartNothing) {
   EXPECT_EQ(gvm_init_simulated("h200", -3, nullptr), GVM_ERROR_INVALID_ARGUMENT);
   EXPECT_FAILED_WITH(GVM_ERROR_INVALID_ARGUMENT, "device_count -3");
   EXPECT_EQ(gvm_init_simulated("h200", 2, "chunk:2MiB"), GVM_ERROR_CONFIG);
-  EXPECT_FAILED_WITH(GVM_ERROR_CONFIG, "unknown key \"chunk\"");
+  EXPECT_FAILED_WITH(GVM_ERROR_CONFIG, "gvm_init_simulated: conf: unknown key \"chunk\"");
   EXPECT_EQ(gvm_init_simulated("h200", 2, "max_chunk_size:3MiB"), GVM_ERROR_CONFIG);
   EXPECT_FAILED_WITH(GVM_ERROR_CONFIG, "for max_chunk_size");
   // A bad config is reported before the driver is looked for, GPU or not.
@@ -218,7 +214,8 @@ TEST_F(CApi, BadInitArgumentsAreRefusedAndStartNothing) {
   {
     ScopedConfEnv bad("fence:maybe");
     EXPECT_EQ(gvm_init_simulated("h200", 2, nullptr), GVM_ERROR_CONFIG);
-    EXPECT_FAILED_WITH(GVM_ERROR_CONFIG, "\"maybe\" for fence");
+    EXPECT_FAILED_WITH(GVM_ERROR_CONFIG,
+                       "gvm_init_simulated: GVM_CONF: bad value \"maybe\" for fence");
     // `conf` is parsed over GVM_CONF, so a bad GVM_CONF fails even with a good conf.
     EXPECT_EQ(gvm_init_simulated("h200", 2, "fence:true"), GVM_ERROR_CONFIG);
     EXPECT_FAILED_WITH(GVM_ERROR_CONFIG, "\"maybe\" for fence");
@@ -314,6 +311,22 @@ TEST_F(CApi, ProcessAllocatorIsTheOneTheCEntryPointsServe) {
   EXPECT_EQ(gvm_free(q, 3000, 1, nullptr), GVM_OK) << gvm_last_error();
   EXPECT_EQ(a.device_stats(1).live_bytes, 0u);
   EXPECT_EQ(&process_allocator(), &a);
+}
+
+TEST_F(CApi, ForgetStream) {
+  EXPECT_EQ(gvm_forget_stream(reinterpret_cast<void*>(0x1234)), GVM_OK) << "nothing running";
+  start();
+  void* q = gvm_malloc(3 * kMiB, 0, nullptr);
+  ASSERT_NE(q, nullptr) << gvm_last_error();
+  EXPECT_EQ(gvm_free(q, 3 * kMiB, 0, nullptr), GVM_OK);
+  EXPECT_EQ(gvm_forget_stream(reinterpret_cast<void*>(0x999)), GVM_OK) << "a stream never seen";
+  // The legacy stream is forgotten too (a caller's mistake, not fatal): the
+  // next use makes a new state and the block freed above is still reusable.
+  EXPECT_EQ(gvm_forget_stream(nullptr), GVM_OK);
+  void* r = gvm_malloc(3 * kMiB, 0, nullptr);
+  ASSERT_NE(r, nullptr) << gvm_last_error();
+  EXPECT_EQ(gvm_free(r, 3 * kMiB, 0, nullptr), GVM_OK);
+  EXPECT_EQ(gvm_last_status(), GVM_OK) << gvm_last_error();
 }
 
 TEST_F(CApi, BadFreesAreRefusedAndChangeNothing) {

@@ -196,7 +196,7 @@ TEST(Config, EveryErrorNamesItsKeyAndValue) {
     SCOPED_TRACE(text);
     const std::string msg = error_of(text);
     ASSERT_FALSE(msg.empty()) << "accepted a bad value";
-    EXPECT_EQ(msg.rfind("GVM_CONF: bad value \"", 0), 0u) << msg;
+    EXPECT_EQ(msg.rfind("bad value \"", 0), 0u) << msg;
     EXPECT_NE(msg.find(std::string("\"") + c.value + "\" for " + c.key + ": "), std::string::npos)
         << msg;
     // The error is found among good items too, and names the bad one.
@@ -206,13 +206,11 @@ TEST(Config, EveryErrorNamesItsKeyAndValue) {
 }
 
 TEST(Config, ExampleMessagesReadWell) {
-  EXPECT_EQ(
-      error_of("max_reserved:12Q")
-          .rfind("GVM_CONF: bad value \"12Q\" for max_reserved: expected a size like 512MiB", 0),
-      0u);
+  EXPECT_EQ(error_of("max_reserved:12Q")
+                .rfind("bad value \"12Q\" for max_reserved: expected a size like 512MiB", 0),
+            0u);
   const std::string unknown = error_of("chunk:2MiB");
-  EXPECT_EQ(unknown.rfind("GVM_CONF: unknown key \"chunk\" (known keys: arena_size, ", 0), 0u)
-      << unknown;
+  EXPECT_EQ(unknown.rfind("unknown key \"chunk\" (known keys: arena_size, ", 0), 0u) << unknown;
   for (const char* key :
        {"arena_size", "max_chunk_size", "reserve_slack", "max_reserved", "memory_fraction",
         "release_threshold", "small_max", "no_vmm", "peer_policy", "scratch_chunk_size",
@@ -297,6 +295,35 @@ TEST(Config, FromEnv) {
   EXPECT_EQ(c.peer_policy, PeerPolicy::none);
   setenv("GVM_CONF", "max_reserved:2GiB,bogus:1", 1);
   EXPECT_THROW(config_from_env(), config_error);
+}
+
+// parse_config does not know where its text came from; config_from_env says
+// GVM_CONF, once (a caller that added it again printed "GVM_CONF: GVM_CONF:").
+TEST(Config, OnlyTheEnvironmentNamesGvmConf) {
+  EnvGuard guard;
+  EXPECT_EQ(error_of("bogus:1").find("GVM_CONF"), std::string::npos) << error_of("bogus:1");
+  setenv("GVM_CONF", "bogus:1", 1);
+  try {
+    (void)config_from_env();
+    ADD_FAILURE() << "accepted bogus:1";
+  } catch (const config_error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("GVM_CONF: unknown key \"bogus\"", 0), 0u) << msg;
+    EXPECT_EQ(msg.find("GVM_CONF", 1), std::string::npos) << msg;
+  }
+}
+
+// A runaway value is quoted by its start and its length, not in full.
+TEST(Config, HugeValuesAreNotEchoedInFull) {
+  const std::string digits(1000000, '7');
+  for (const std::string& text :
+       {"arena_size:" + digits, "fence:" + digits, digits + ":1", digits}) {
+    const std::string msg = error_of(text);
+    ASSERT_FALSE(msg.empty());
+    EXPECT_LT(msg.size(), 400u) << msg.substr(0, 400);
+    EXPECT_NE(msg.find("(1000000 characters)"), std::string::npos) << msg.substr(0, 400);
+  }
+  EXPECT_EQ(error_of("arena_size:" + digits).rfind("bad value \"777", 0), 0u);
 }
 
 }  // namespace

@@ -153,12 +153,53 @@ TEST(TraceReader, EveryErrorNamesItsLine) {
       {"a 1 10 0\nf 2 0\n", 2, "t.trace:2: free of unknown id 2 (never allocated)"},
       {"a 1 10 0\n# x\nf 1 0\nf 1 0\n", 4, "t.trace:4: free of id 1, already freed at line 3"},
       {"a 1 18446744073709551615 0\na 2 1 0\n", 2, "t.trace:2: live bytes overflow 64 bits"},
+      // Every field bad: the first is named (g++ evaluated the arguments of one
+      // call right to left and blamed <stream>).
+      {"a x y z\n", 1, "t.trace:1: bad <id> 'x': expected a non-negative decimal integer"},
+      {"a 1 y z\n", 1, "t.trace:1: bad <bytes> 'y': expected a non-negative decimal integer"},
+      {"a 1 10 0\nf x z\n", 2, "t.trace:2: bad <id> 'x': expected a non-negative decimal integer"},
   };
   for (const BadLine& c : cases) {
     SCOPED_TRACE(c.text);
     TraceError e = error_of(c.text);
     EXPECT_EQ(e.line(), c.line);
     EXPECT_STREQ(e.what(), c.message);
+  }
+}
+
+// A runaway field is quoted by its start and its length, not echoed in full.
+TEST(TraceReader, HugeFieldsAreNotEchoedInFull) {
+  const std::string digits(1000000, '9');
+  const std::string junk(1000000, 'k');
+  EXPECT_EQ(std::string(error_of("a 1 " + digits + " 0\n").what()),
+            "t.trace:1: <bytes> '999999999999999999999999...' (1000000 characters) is too large");
+  EXPECT_EQ(std::string(error_of("a 1 1" + junk + " 0\n").what()),
+            "t.trace:1: bad <bytes> '1kkkkkkkkkkkkkkkkkkkkkkk...' (1000001 characters): expected a "
+            "non-negative decimal integer");
+  EXPECT_LT(std::string(error_of(junk + "\n").what()).size(), 200u);
+}
+
+// A file without one event is refused: a replay of it would print a ratio of 0.
+TEST(TraceReader, FileWithoutEventsIsAnError) {
+  const struct {
+    const char* text;
+    const char* why;
+  } cases[] = {
+      {"", "no events: the file is empty"},
+      {"# only a comment\n\n   \n# and another\n",
+       "no events: the file holds only blank lines and comments"},
+  };
+  for (const auto& c : cases) {
+    const std::string path = temp_path("no_events.trace");
+    write_file(path, c.text);
+    try {
+      read_trace(path);
+      ADD_FAILURE() << "no error for '" << c.text << "'";
+    } catch (const TraceError& e) {
+      EXPECT_EQ(e.line(), 0u);
+      EXPECT_EQ(std::string(e.what()), path + ": " + c.why);
+    }
+    std::remove(path.c_str());
   }
 }
 

@@ -6,7 +6,7 @@
 //
 //   INSTANTIATE_TEST_SUITE_P(Cuda, DriverSuite,
 //       ::testing::Values(gvm::test::DriverFactory{"cuda", [](std::string* why) {
-//         return gvm::vmm::try_load_cuda_driver(why);
+//         return gvm::vmm::try_load_cuda_test_driver(why);
 //       }}),
 //       gvm::test::factory_name);
 //
@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "gvm/vmm/device_caps.hpp"
-#include "gvm/vmm/driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 #include "gvm/vmm/owners.hpp"
 
 namespace gvm::test {
@@ -40,7 +40,7 @@ namespace gvm::test {
 struct DriverFactory {
   std::string name;  // the test-name suffix: letters, digits and '_' only
   // A driver, or nullptr with *why saying why there is none.
-  std::function<std::unique_ptr<vmm::Driver>(std::string* why)> make;
+  std::function<std::unique_ptr<vmm::TestDriver>(std::string* why)> make;
 };
 
 // GoogleTest prints a parameter in the test list ("# GetParam() = ..."):
@@ -64,7 +64,7 @@ class DriverSuite : public ::testing::TestWithParam<DriverFactory> {
     gran_ = caps_.granularity;
   }
 
-  vmm::Driver& driver() { return *driver_; }
+  vmm::TestDriver& driver() { return *driver_; }
   bool has_vmm() const { return caps_.vmm; }
   // Devices 0 and 1 can access each other (a peer pair for access tests).
   bool peer_pair() {
@@ -84,7 +84,7 @@ class DriverSuite : public ::testing::TestWithParam<DriverFactory> {
     return v;
   }
 
-  std::unique_ptr<vmm::Driver> driver_;
+  std::unique_ptr<vmm::TestDriver> driver_;
   int devices_ = 0;
   vmm::DeviceCaps caps_;
   std::size_t gran_ = 0;
@@ -294,6 +294,57 @@ TEST_P(DriverSuite, EventsAndStreams) {
   EXPECT_EQ(e.reset(), Result::success);
   EXPECT_EQ(driver().stream_destroy(0, a), Result::success);
   EXPECT_EQ(driver().stream_destroy(0, b), Result::success);
+}
+
+// cuda.h: a stream's id "is unique for the life of the program"; the legacy
+// stream has one too.
+TEST_P(DriverSuite, StreamIdsAreUniqueAndNeverReused) {
+  vmm::StreamHandle a = nullptr, b = nullptr, c = nullptr;
+  ASSERT_EQ(driver().stream_create(0, &a), Result::success);
+  ASSERT_EQ(driver().stream_create(0, &b), Result::success);
+  std::uint64_t ia = 0, ib = 0, il = 0, again = 0, ic = 0;
+  ASSERT_EQ(driver().stream_get_id(0, a, &ia), Result::success);
+  ASSERT_EQ(driver().stream_get_id(0, b, &ib), Result::success);
+  ASSERT_EQ(driver().stream_get_id(0, nullptr, &il), Result::success);
+  EXPECT_NE(ia, ib);
+  EXPECT_NE(ia, il);
+  EXPECT_NE(ib, il);
+  ASSERT_EQ(driver().stream_get_id(0, a, &again), Result::success);
+  EXPECT_EQ(again, ia) << "the same stream, the same id";
+  ASSERT_EQ(driver().stream_destroy(0, a), Result::success);
+  ASSERT_EQ(driver().stream_create(0, &c), Result::success);
+  ASSERT_EQ(driver().stream_get_id(0, c, &ic), Result::success);
+  EXPECT_NE(ic, ia) << "a new stream never gets an old id, whatever its handle";
+  EXPECT_NE(ic, ib);
+  EXPECT_EQ(driver().stream_get_id(0, c, nullptr), Result::invalid_value);
+  EXPECT_EQ(driver().stream_destroy(0, b), Result::success);
+  EXPECT_EQ(driver().stream_destroy(0, c), Result::success);
+}
+
+TEST_P(DriverSuite, CaptureStatusFollowsBeginAndEnd) {
+  vmm::DevicePtr p = 0;
+  ASSERT_EQ(driver().mem_alloc(0, 4096, &p), Result::success);
+  vmm::StreamHandle s = nullptr;
+  ASSERT_EQ(driver().stream_create(0, &s), Result::success);
+  vmm::CaptureStatus st = vmm::CaptureStatus::invalidated;
+  ASSERT_EQ(driver().stream_capture_status(0, s, &st, nullptr), Result::success);
+  EXPECT_EQ(st, vmm::CaptureStatus::none);
+  std::uint64_t ids[2] = {0, 0};
+  for (std::uint64_t& id : ids) {
+    ASSERT_EQ(driver().stream_begin_capture(0, s, vmm::CaptureMode::relaxed), Result::success);
+    ASSERT_EQ(driver().stream_capture_status(0, s, &st, &id), Result::success);
+    EXPECT_EQ(st, vmm::CaptureStatus::active);
+    EXPECT_EQ(driver().memset_d8_async(0, p, 1, 4096, s), Result::success) << "captured";
+    EXPECT_EQ(driver().stream_end_capture(0, s), Result::success);
+    ASSERT_EQ(driver().stream_capture_status(0, s, &st, nullptr), Result::success);
+    EXPECT_EQ(st, vmm::CaptureStatus::none);
+  }
+  EXPECT_NE(ids[0], ids[1]) << "each capture sequence has its own id";
+  EXPECT_NE(driver().stream_begin_capture(0, nullptr, vmm::CaptureMode::relaxed), Result::success)
+      << "the legacy stream cannot be captured";
+  EXPECT_EQ(driver().stream_destroy(0, s), Result::success);
+  EXPECT_EQ(driver().ctx_synchronize(0), Result::success);
+  EXPECT_EQ(driver().mem_free(0, p), Result::success);
 }
 
 TEST_P(DriverSuite, ClassicAllocationRoundTrip) {

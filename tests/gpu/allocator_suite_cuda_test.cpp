@@ -3,6 +3,7 @@
 // every case skips with the loader's message.
 #include "allocator/allocator_suite.hpp"
 #include "gvm/vmm/cuda_driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 
 namespace gvm::test {
 namespace {
@@ -13,7 +14,7 @@ namespace {
 INSTANTIATE_TEST_SUITE_P(Cuda, AllocatorSuite,
                          ::testing::Values(AllocatorTarget{
                              "cuda",
-                             [](std::string* why) { return vmm::try_load_cuda_driver(why); },
+                             [](std::string* why) { return vmm::try_load_cuda_test_driver(why); },
                              Config{}, std::size_t{2} << 30}),
                          target_name);
 

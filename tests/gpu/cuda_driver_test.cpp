@@ -222,7 +222,7 @@ TEST_F(CudaDriverTest, VmmReserveCreateMapAccessRoundTrip) {
     }
     std::size_t g = 0;
     GVM_ASSERT_OK(driver_->allocation_granularity(d, GranularityKind::minimum, &g));
-    // 1 TiB of address space reserves in microseconds (MEASUREMENTS.md).
+    // 1 TiB of address space reserves in microseconds (docs/measurements.md, "Driver calls").
     vmm::ReservedRange range(*driver_, std::size_t{1} << 40, g);
     ASSERT_FALSE(range.empty());
     EXPECT_EQ(range.base() % g, 0u);

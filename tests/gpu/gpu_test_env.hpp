@@ -10,13 +10,14 @@
 #include <string>
 
 #include "gvm/vmm/cuda_driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 
 namespace gvm::test {
 
 // nullptr when no driver loads; *why says why.
-inline vmm::Driver* shared_cuda_driver(std::string* why) {
+inline vmm::TestDriver* shared_cuda_driver(std::string* why) {
   static std::string reason;
-  static std::unique_ptr<vmm::Driver> driver = vmm::try_load_cuda_driver(&reason);
+  static std::unique_ptr<vmm::TestDriver> driver = vmm::try_load_cuda_test_driver(&reason);
   if (why != nullptr) *why = reason;
   return driver.get();
 }
@@ -40,7 +41,7 @@ class CudaTest : public ::testing::Test {
     if (!a || !b) GTEST_SKIP() << "GPUs 0 and 1 have no P2P path (cuDeviceCanAccessPeer)";
   }
 
-  vmm::Driver* driver_ = nullptr;
+  vmm::TestDriver* driver_ = nullptr;
   int device_count_ = 0;
 };
 

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "gvm/vmm/cuda_driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 #include "hazard_scenarios.hpp"
 
 int main(int argc, char** argv) {
@@ -24,7 +25,7 @@ int main(int argc, char** argv) {
   }
   const bool fenced = argc == 3;
   std::string why;
-  auto driver = gvm::vmm::try_load_cuda_driver(&why);
+  auto driver = gvm::vmm::try_load_cuda_test_driver(&why);
   if (!driver) {
     std::cout << "setup_error=" << why << std::endl;
     return 4;

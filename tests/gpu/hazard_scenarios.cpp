@@ -10,7 +10,7 @@ namespace gvm::test {
 
 using vmm::AccessDesc;
 using vmm::DevicePtr;
-using vmm::Driver;
+using vmm::TestDriver;
 using vmm::Result;
 using vmm::StreamHandle;
 
@@ -19,7 +19,7 @@ namespace {
 constexpr std::uint32_t kPattern = 0x5a17c0deu;
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-// Sizes from MEASUREMENTS.md: a peer copy runs at ~396 GB/s on H200 NVLink,
+// Sizes from docs/measurements.md ("Bandwidth"): a peer copy runs at ~396 GB/s on H200 NVLink,
 // so 20 x 256 MiB keep the copy engine busy ~13 ms, thousands of times longer
 // than the few microseconds between queueing them and the disable.
 constexpr std::size_t kCopyBytes = 256 * kMiB;
@@ -40,31 +40,31 @@ struct Setup {
   }
 };
 
-bool enable_peer(Driver& d, int device, int peer, Setup& s, const char* what) {
+bool enable_peer(TestDriver& d, int device, int peer, Setup& s, const char* what) {
   Result r = d.enable_peer_access(device, peer);
   if (r == Result::peer_access_already_enabled) r = Result::success;
   return s.step(r, what);
 }
 
-Result fence_both(Driver& d) {
+Result fence_both(TestDriver& d) {
   Result a = d.ctx_synchronize(0);
   Result b = d.ctx_synchronize(1);
   return a != Result::success ? a : b;
 }
 
-Result later_call(Driver& d, int device) {
+Result later_call(TestDriver& d, int device) {
   DevicePtr p = 0;
   Result r = d.mem_alloc(device, 2 * kMiB, &p);
   if (r == Result::success) (void)d.mem_free(device, p);
   return r;
 }
 
-bool pending(Driver& d, vmm::EventHandle e) {
+bool pending(TestDriver& d, vmm::EventHandle e) {
   return d.event_query(e) == Result::not_ready;
 }
 
 // --- peer_disable_during_copy -------------------------------------------
-HazardReport copy_scenario(Driver& d, bool fenced) {
+HazardReport copy_scenario(TestDriver& d, bool fenced) {
   HazardReport rep;
   Setup s{rep};
   rep.busy_device = 0;
@@ -110,7 +110,7 @@ HazardReport copy_scenario(Driver& d, bool fenced) {
 }
 
 // --- peer_disable_during_kernel -----------------------------------------
-HazardReport kernel_scenario(Driver& d, bool fenced) {
+HazardReport kernel_scenario(TestDriver& d, bool fenced) {
   HazardReport rep;
   Setup s{rep};
   rep.busy_device = 1;
@@ -154,7 +154,7 @@ HazardReport kernel_scenario(Driver& d, bool fenced) {
 }
 
 // --- revoke_during_read --------------------------------------------------
-HazardReport revoke_scenario(Driver& d, bool fenced) {
+HazardReport revoke_scenario(TestDriver& d, bool fenced) {
   HazardReport rep;
   Setup s{rep};
   rep.busy_device = 1;
@@ -194,7 +194,7 @@ HazardReport revoke_scenario(Driver& d, bool fenced) {
 
   if (fenced) rep.fence = fence_both(d);
   // A revoke names the peer: setting access for the owner alone would not
-  // take the peer's access away (MEASUREMENTS.md).
+  // take the peer's access away (docs/measurements.md, "Hazards").
   const AccessDesc revoke[] = {{1, vmm::Access::none}};
   rep.change = d.mem_set_access(base, size, revoke, 1);
   rep.sync = d.stream_synchronize(1, stream);
@@ -238,7 +238,7 @@ bool parse_hazard(const std::string& name, Hazard* h) noexcept {
   return false;
 }
 
-HazardReport run_hazard(Driver& driver, Hazard hazard, bool fenced) {
+HazardReport run_hazard(TestDriver& driver, Hazard hazard, bool fenced) {
   int count = 0;
   if (Result r = driver.device_count(&count); r != Result::success || count < 2) {
     HazardReport rep;

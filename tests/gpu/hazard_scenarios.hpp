@@ -1,4 +1,4 @@
-// The hazards of MEASUREMENTS.md ("Hazards"), reproduced on the real driver.
+// The hazards of docs/measurements.md ("Hazards"), reproduced on the real driver.
 //
 // Each scenario queues work on device 1 (or device 0 for the copy) that
 // touches memory of the other device through a peer path, then changes that
@@ -15,7 +15,7 @@
 #include <ostream>
 #include <string>
 
-#include "gvm/vmm/driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 
 namespace gvm::test {
 
@@ -52,7 +52,7 @@ struct HazardReport {
 
 // Runs one scenario on devices 0 and 1 of `driver`. Unfenced, it leaves the
 // busy device's context broken (and leaks what it made): exit the process.
-HazardReport run_hazard(vmm::Driver& driver, Hazard hazard, bool fenced);
+HazardReport run_hazard(vmm::TestDriver& driver, Hazard hazard, bool fenced);
 
 // The report as "key=value" lines (error names, not numbers), for the child's
 // output and the test log.

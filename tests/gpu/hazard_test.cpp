@@ -1,11 +1,10 @@
-// The hazard proof on the real driver (MEASUREMENTS.md "Hazards", DESIGN.md
-// "Fence"): changing a peer path while work on it is in flight gives a sticky
-// error; draining every stream of both devices first makes the same change
-// harmless. The unfenced cases run in a child process (gvm-hazard-child,
-// whose path the build passes in GVM_HAZARD_CHILD_PATH) because the sticky
-// error would poison this one; their test names contain "Unfenced" so that
-// tools/gpu-suite.sh can leave them out under compute-sanitizer, where they
-// fail on purpose.
+// The hazard proof on the real driver (docs/measurements.md "Hazards",
+// docs/peer-access.md "The fence"): changing a peer path while work on it is in flight gives a
+// sticky error; draining every stream of both devices first makes the same change harmless. The
+// unfenced cases run in a child process (gvm-hazard-child, whose path the build passes in
+// GVM_HAZARD_CHILD_PATH) because the sticky error would poison this one; their test names contain
+// "Unfenced" so that tools/gpu-suite.sh can leave them out under compute-sanitizer, where they fail
+// on purpose.
 #include <gtest/gtest.h>
 
 #include <iostream>

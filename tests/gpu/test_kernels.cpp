@@ -29,7 +29,7 @@ TestKernels::~TestKernels() {
   if (module_ != nullptr) (void)driver_->module_unload(device_, module_);
 }
 
-Result TestKernels::load(vmm::Driver& driver, int device) {
+Result TestKernels::load(vmm::TestDriver& driver, int device) {
   if (module_ != nullptr) return Result::invalid_value;  // load once
   int sms = 0;
   if (Result r = driver.device_attribute(device, vmm::DeviceAttribute::multiprocessor_count, &sms);

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "gvm/vmm/driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 
 namespace gvm::test {
 
@@ -21,7 +21,7 @@ class TestKernels {
   TestKernels& operator=(const TestKernels&) = delete;
 
   // JIT-compiles the PTX for `device` and finds the four kernels.
-  vmm::Result load(vmm::Driver& driver, int device);
+  vmm::Result load(vmm::TestDriver& driver, int device);
   bool loaded() const noexcept { return module_ != nullptr; }
   int device() const noexcept { return device_; }
 
@@ -50,7 +50,7 @@ class TestKernels {
  private:
   vmm::Result launch(vmm::FunctionHandle f, vmm::StreamHandle stream, std::size_t n, void** args);
 
-  vmm::Driver* driver_ = nullptr;
+  vmm::TestDriver* driver_ = nullptr;
   int device_ = -1;
   unsigned sm_count_ = 1;
   vmm::ModuleHandle module_ = nullptr;

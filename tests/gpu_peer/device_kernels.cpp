@@ -10,7 +10,7 @@ using vmm::DevicePtr;
 using vmm::Result;
 using vmm::StreamHandle;
 
-Result DeviceKernels::count_mismatches(vmm::Driver& driver, int device, StreamHandle stream,
+Result DeviceKernels::count_mismatches(vmm::TestDriver& driver, int device, StreamHandle stream,
                                        DevicePtr p, std::uint32_t value, std::size_t n,
                                        std::uint32_t* mismatches) {
   DevicePtr counter = 0;
@@ -31,7 +31,7 @@ namespace {
 
 class PtxKernels final : public DeviceKernels {
  public:
-  Result load(vmm::Driver& driver, int devices, int* failed_device) {
+  Result load(vmm::TestDriver& driver, int devices, int* failed_device) {
     for (int d = 0; d < devices; ++d) {
       auto k = std::make_unique<TestKernels>();
       if (Result r = k->load(driver, d); r != Result::success) {
@@ -123,7 +123,7 @@ class SimKernels final : public DeviceKernels {
 
 }  // namespace
 
-std::unique_ptr<DeviceKernels> load_ptx_kernels(vmm::Driver& driver, int devices, Result* result,
+std::unique_ptr<DeviceKernels> load_ptx_kernels(vmm::TestDriver& driver, int devices, Result* result,
                                                 int* failed_device) {
   auto k = std::make_unique<PtxKernels>();
   int failed = -1;

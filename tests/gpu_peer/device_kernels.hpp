@@ -41,14 +41,14 @@ class DeviceKernels {
   // check() into a fresh counter, waits for `stream`, reads the count. It
   // synchronises (and cuMemFree synchronises the device): never call it where
   // a test needs work to stay in flight.
-  vmm::Result count_mismatches(vmm::Driver& driver, int device, vmm::StreamHandle stream,
+  vmm::Result count_mismatches(vmm::TestDriver& driver, int device, vmm::StreamHandle stream,
                                vmm::DevicePtr p, std::uint32_t value, std::size_t n,
                                std::uint32_t* mismatches);
 };
 
 // The PTX kernels JIT-compiled on devices 0..devices-1. nullptr on failure,
 // with the result and the device that failed.
-std::unique_ptr<DeviceKernels> load_ptx_kernels(vmm::Driver& driver, int devices,
+std::unique_ptr<DeviceKernels> load_ptx_kernels(vmm::TestDriver& driver, int devices,
                                                 vmm::Result* result, int* failed_device);
 
 // Stand-ins on the simulator. `sim` must have backing enabled (the checks

@@ -58,7 +58,7 @@ DevicePtr dp(const void* p) {
 
 class Engine {
  public:
-  Engine(vmm::Driver& d, DeviceKernels& k, const EngineOptions& o, EngineReport& r)
+  Engine(vmm::TestDriver& d, DeviceKernels& k, const EngineOptions& o, EngineReport& r)
       : d_(d), k_(k), o_(o), rep_(r) {}
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -339,7 +339,7 @@ class Engine {
     }
   }
 
-  vmm::Driver& d_;
+  vmm::TestDriver& d_;
   DeviceKernels& k_;
   const EngineOptions& o_;
   EngineReport& rep_;
@@ -356,7 +356,7 @@ class Engine {
 
 }  // namespace
 
-EngineReport run_engine(vmm::Driver& driver, DeviceKernels& kernels, const EngineOptions& options) {
+EngineReport run_engine(vmm::TestDriver& driver, DeviceKernels& kernels, const EngineOptions& options) {
   EngineReport rep;
   Engine e(driver, kernels, options, rep);
   try {

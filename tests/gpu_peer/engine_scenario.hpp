@@ -1,5 +1,5 @@
 // The engine scenario: what a multi-GPU inference engine does to peer access
-// (DESIGN.md, "Why"), on devices 0 and 1, through gvm::Allocator.
+// (docs/peer-access.md, "The problem"), on devices 0 and 1, through gvm::Allocator.
 //
 // Each iteration is two phases:
 //   small batch  set_peer_policy(small_policy) (a grant, or for `global` the
@@ -26,7 +26,7 @@
 
 #include "device_kernels.hpp"
 #include "gvm/config.hpp"
-#include "gvm/vmm/driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 
 namespace gvm::test {
 
@@ -71,7 +71,7 @@ struct EngineReport {
 
 // Runs the scenario on devices 0 and 1 of `driver` (which must show at least
 // two peer-capable devices). Never throws; everything goes into the report.
-EngineReport run_engine(vmm::Driver& driver, DeviceKernels& kernels, const EngineOptions& options);
+EngineReport run_engine(vmm::TestDriver& driver, DeviceKernels& kernels, const EngineOptions& options);
 
 // The report as "key=value" lines, for test logs.
 std::string to_string(const EngineReport& r);

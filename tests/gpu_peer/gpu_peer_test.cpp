@@ -179,7 +179,7 @@ TEST_P(PeerEngineGpuTest, TwoHundredIterationsNoErrorNoStickyState) {
   o.config.peer_policy = mode.policy;
   o.config.scratch_fence_tracked = mode.tracked;
   // 8 MiB chunks: several per block, so trims and regrowth map and unmap
-  // chunk by chunk, and a grant costs ~1 ms per chunk (MEASUREMENTS.md)
+  // chunk by chunk, and a grant costs ~1 ms per chunk (docs/measurements.md, "Driver calls")
   // instead of ~9 ms per GiB-sized one.
   o.config.scratch_chunk_bytes = 8 * kMiB;
 

@@ -13,6 +13,7 @@
 
 #include "device_kernels.hpp"
 #include "gvm/vmm/cuda_driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 #include "peer_hazards.hpp"
 
 int main(int argc, char** argv) {
@@ -25,7 +26,7 @@ int main(int argc, char** argv) {
   }
   const bool fenced = argc == 3;
   std::string why;
-  auto driver = gvm::vmm::try_load_cuda_driver(&why);
+  auto driver = gvm::vmm::try_load_cuda_test_driver(&why);
   if (!driver) {
     std::cout << "setup_error=" << why << std::endl;
     return 4;

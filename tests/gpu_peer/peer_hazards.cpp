@@ -25,7 +25,7 @@ DevicePtr dp(const void* p) {
 // 1's context is broken and the process is about to exit.
 class Run {
  public:
-  Run(vmm::Driver& d, DeviceKernels& k, bool fenced, PeerHazardReport& rep)
+  Run(vmm::TestDriver& d, DeviceKernels& k, bool fenced, PeerHazardReport& rep)
       : d_(d), k_(k), fenced_(fenced), rep_(rep) {}
   Run(const Run&) = delete;
   Run& operator=(const Run&) = delete;
@@ -121,7 +121,7 @@ class Run {
     rep_.verify_error = why;
   }
 
-  vmm::Driver& d_;
+  vmm::TestDriver& d_;
   DeviceKernels& k_;
   bool fenced_;
   PeerHazardReport& rep_;
@@ -331,7 +331,7 @@ bool parse_peer_hazard(const std::string& name, PeerHazard* h) noexcept {
   return false;
 }
 
-PeerHazardReport run_peer_hazard(vmm::Driver& driver, DeviceKernels& kernels, PeerHazard hazard,
+PeerHazardReport run_peer_hazard(vmm::TestDriver& driver, DeviceKernels& kernels, PeerHazard hazard,
                                  bool fenced, const PeerHazardOptions& options) {
   PeerHazardReport rep;
   int count = 0;

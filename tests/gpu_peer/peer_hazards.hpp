@@ -15,7 +15,7 @@
 #include <string>
 
 #include "device_kernels.hpp"
-#include "gvm/vmm/driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 
 namespace gvm::test {
 
@@ -60,7 +60,7 @@ struct PeerHazardReport {
   bool sticky() const noexcept;         // change, sync or later hit a sticky error
 };
 
-// Sizes. The defaults are for H200s over NVLink (MEASUREMENTS.md: a peer
+// Sizes. The defaults are for H200s over NVLink (docs/measurements.md, "Bandwidth": a peer
 // copy runs at ~395 GB/s, so 20 x 256 MiB keep the link busy ~13 ms,
 // thousands of times longer than the host needs to reach the change); the
 // simulator's tests use smaller ones.
@@ -76,7 +76,7 @@ struct PeerHazardOptions {
 
 // Runs one scenario on devices 0 and 1. Unfenced, it leaves device 1's
 // context broken and leaks what it made: the process must exit after it.
-PeerHazardReport run_peer_hazard(vmm::Driver& driver, DeviceKernels& kernels, PeerHazard hazard,
+PeerHazardReport run_peer_hazard(vmm::TestDriver& driver, DeviceKernels& kernels, PeerHazard hazard,
                                  bool fenced, const PeerHazardOptions& options = {});
 
 // "key=value" lines (error names, not numbers).

@@ -119,7 +119,7 @@ constexpr std::uint64_t kReadEvery = 256;
 
 class Soak {
  public:
-  Soak(vmm::Driver& d, DeviceKernels& k, const SoakOptions& o, SoakReport& r)
+  Soak(vmm::TestDriver& d, DeviceKernels& k, const SoakOptions& o, SoakReport& r)
       : d_(d), k_(k), o_(o), rep_(r) {}
   Soak(const Soak&) = delete;
   Soak& operator=(const Soak&) = delete;
@@ -618,7 +618,7 @@ class Soak {
     t.add_to(rep_);
   }
 
-  vmm::Driver& d_;
+  vmm::TestDriver& d_;
   DeviceKernels& k_;
   const SoakOptions& o_;
   SoakReport& rep_;
@@ -642,7 +642,7 @@ class Soak {
 
 }  // namespace
 
-SoakReport run_soak(vmm::Driver& driver, DeviceKernels& kernels, const SoakOptions& options) {
+SoakReport run_soak(vmm::TestDriver& driver, DeviceKernels& kernels, const SoakOptions& options) {
   SoakReport r;
   Soak soak(driver, kernels, options, r);
   soak.run();

@@ -32,7 +32,7 @@
 
 #include "device_kernels.hpp"
 #include "gvm/config.hpp"
-#include "gvm/vmm/driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 
 namespace gvm::test {
 
@@ -90,7 +90,7 @@ struct SoakReport {
 
 // Runs the soak on devices 0 and 1 of `driver` (two peer-capable devices).
 // Never throws; everything goes into the report.
-SoakReport run_soak(vmm::Driver& driver, DeviceKernels& kernels, const SoakOptions& options);
+SoakReport run_soak(vmm::TestDriver& driver, DeviceKernels& kernels, const SoakOptions& options);
 
 // Whether the report is a pass: no error, no wrong word or access, controls
 // counted, memory back, contexts alive. *why says what failed.

@@ -147,6 +147,25 @@ TEST(PeerScratch, GrowthGrantsOnlyTheNewChunkAndFreeNeverRevokes) {
   EXPECT_EQ(t.alloc->device_stats(0).scratch_reserved_bytes, 8 * kMiB);
 }
 
+// The scratch grows while a peer kernel reads it: a grant of the new chunk
+// only. Before Ampere the driver emulates that grant with the global peer
+// toggle, which races the peer's read as a cuCtxDisablePeerAccess would
+// (docs/peer-access.md); the simulator kills the context there
+// (tests/unit/sim_faithful_test.cpp, P40Pair).
+TEST(PeerScratch, GrowthWhileAPeerReadsTheScratchIsClean) {
+  Pair t(tiny());
+  void* a = t.alloc->scratch_allocate(4 * kMiB, 0, t.s0);
+  ASSERT_EQ(t.sim->enqueue_access(1, t.s1, t.addr(a), 4 * kMiB, AccessKind::read),
+            Result::success);
+  void* b = nullptr;
+  EXPECT_NO_THROW(b = t.alloc->scratch_allocate(4 * kMiB, 0, t.s0));
+  EXPECT_EQ(t.sim->sticky_error(), Result::success);
+  t.sim->clear_sticky();
+  t.sim->complete_all();
+  t.alloc->deallocate(a, 4 * kMiB, 0, t.s0);
+  if (b != nullptr) t.alloc->deallocate(b, 4 * kMiB, 0, t.s0);
+}
+
 // --- the fence: trim, policy switch, global toggle --------------------------
 
 void trim_with_pending_peer_read(bool fence) {

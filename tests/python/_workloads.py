@@ -8,6 +8,7 @@ chosen before CUDA starts, so each run is a fresh interpreter.
     python _workloads.py dist
     python _workloads.py cupy
     python _workloads.py cupy_dead_stream
+    python _workloads.py numba
 
 Each prints what it measured, then one line "GVM_RESULT <json>" for the test.
 """
@@ -353,8 +354,96 @@ def cupy_dead_stream(rounds=8):
     result(rounds=rounds, reserved=s["reserved_bytes"], live=s["live_bytes"], total=total)
 
 
+def numba_run(iterations=40):
+    """Numba kernels over arrays of varied sizes, some on streams of their own,
+    every result checked against numpy; the memory from gvmalloc.numba."""
+    import numpy
+    import gvmalloc
+    import gvmalloc.numba as gn
+    gn.enable()
+    from numba import cuda
+
+    @cuda.jit
+    def saxpy(a, x, y, out):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = a * x[i] + y[i]
+
+    @cuda.jit
+    def scale_rows(m, v, out):
+        i, j = cuda.grid(2)
+        if i < out.shape[0] and j < out.shape[1]:
+            out[i, j] = m[i, j] * v[i]
+
+    rng = numpy.random.default_rng(0)
+    streams = [cuda.stream() for _ in range(2)]  # alive to the end
+    before = gvmalloc.device_stats(0)
+    worst_saxpy = 0.0
+    scale_exact = True
+    for it in range(iterations):
+        s = streams[it % 2] if it % 3 == 0 else None
+        sid = s if s is not None else 0  # numba's "stream=0": the default stream
+        n = int(rng.integers(1, 3_000_000))
+        a = float(rng.standard_normal())
+        xs, ys = rng.standard_normal(n), rng.standard_normal(n)
+        r, c = (int(v) for v in rng.integers(1, 1500, size=2))
+        ms, vs = rng.standard_normal((r, c)), rng.standard_normal(r)
+        with gn.stream(s):
+            x, y = cuda.to_device(xs, stream=sid), cuda.to_device(ys, stream=sid)
+            out = cuda.device_array(n, dtype=numpy.float64, stream=sid)
+            saxpy[(n + 255) // 256, 256, sid](a, x, y, out)
+            m, v = cuda.to_device(ms, stream=sid), cuda.to_device(vs, stream=sid)
+            mo = cuda.device_array((r, c), dtype=numpy.float64, stream=sid)
+            scale_rows[((r + 15) // 16, (c + 15) // 16), (16, 16), sid](m, v, mo)
+            got, got_m = out.copy_to_host(stream=sid), mo.copy_to_host(stream=sid)
+        if s is not None:
+            s.synchronize()
+        ref = a * xs + ys
+        worst_saxpy = max(worst_saxpy,
+                          float(numpy.max(numpy.abs(got - ref)) / (numpy.max(numpy.abs(ref)) + 1e-300)))
+        scale_exact = scale_exact and bool(numpy.array_equal(got_m, ms * vs[:, None]))
+        del x, y, out, m, v, mo
+    gc.collect()
+    cuda.synchronize()
+    ctx = cuda.current_context()
+    plugged = isinstance(ctx.memory_manager, gn.GvmallocMemoryManager)
+    # A block of the default stream used on another stream, named with record_stream.
+    z = cuda.device_array(1 << 20, dtype=numpy.float64)
+    gn.record_stream(z, streams[0])
+    saxpy[(1 << 20) // 256, 256, streams[0]](2.0, z, z, z)
+    streams[0].synchronize()
+    del z
+    # defer_cleanup holds frees back until it ends.
+    frees0 = gvmalloc.device_stats(0)["frees"]
+    with cuda.defer_cleanup():
+        w = cuda.device_array(1 << 20, dtype=numpy.uint8)
+        del w
+        gc.collect()
+        frees_deferred = gvmalloc.device_stats(0)["frees"] - frees0
+    gc.collect()
+    frees_after = gvmalloc.device_stats(0)["frees"] - frees0
+    free, total = ctx.get_memory_info()
+    ipc = ""
+    try:
+        cuda.device_array(16).get_ipc_handle()
+    except NotImplementedError as e:
+        ipc = str(e)
+    s = gvmalloc.device_stats(0)
+    allocations = s["allocations"] - before["allocations"]
+    frees = s["frees"] - before["frees"]
+    print("numba: %d iterations, worst relative error saxpy %.2e, scale_rows exact %s; gvmalloc "
+          "%d allocations, %d frees, peak reserved %.1f MiB; memory info %d MiB free of %d MiB; "
+          "defer_cleanup held %d of 1 frees; ipc refused: %s"
+          % (iterations, worst_saxpy, scale_exact, allocations, frees,
+             s["peak_reserved_bytes"] / MiB, free // MiB, total // MiB,
+             1 - frees_deferred, bool(ipc)))
+    result(plugged=plugged, worst_saxpy=worst_saxpy, scale_exact=scale_exact,
+           allocations=allocations, frees=frees, live=s["live_bytes"], free=free, total=total,
+           frees_deferred=frees_deferred, frees_after=frees_after, ipc=ipc)
+
+
 if __name__ == "__main__":
     mode, rest = sys.argv[1], sys.argv[2:]
     {"train": lambda: train(*rest), "infer": lambda: infer(*rest), "mempool": mempool,
      "scratch_peer": scratch_peer, "dist": dist_run, "cupy": cupy_run,
-     "cupy_dead_stream": cupy_dead_stream}[mode]()
+     "cupy_dead_stream": cupy_dead_stream, "numba": numba_run}[mode]()

@@ -11,7 +11,7 @@ import unittest
 
 import _support  # noqa: F401  (puts the package on sys.path)
 import gvmalloc
-from gvmalloc import _lib
+from gvmalloc import _lib, _torch_backend
 
 MiB = 1 << 20
 
@@ -99,6 +99,254 @@ class LibrarySearch(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("LNF gvmalloc: found %s but could not load it" % os.path.realpath(f.name),
                       r.stdout)
+
+
+# The backend built by this build tree (CTest sets both when cmake built it).
+TORCH_BACKEND = os.environ.get("GVMALLOC_TORCH_LIBRARY")
+TORCH_BACKEND_VERSION = os.environ.get("GVM_TORCH_BUILT_FOR")
+
+
+def fake_backend(directory, version):
+    """A file that carries the backend's version mark and is not a library."""
+    path = os.path.join(directory, "libgvmalloc_torch.so")
+    with open(path, "wb") as f:
+        f.write(b"\x7fELF not really" + _torch_backend.MARKER + version.encode() + b"\0 rest")
+    return path
+
+
+class TorchBackendLoading(unittest.TestCase):
+    """Finding libgvmalloc_torch.so and refusing a wrong torch, without torch."""
+
+    def test_the_environment_variable_is_the_only_candidate(self):
+        paths, from_env = _lib.candidates({"GVMALLOC_TORCH_LIBRARY": "/x/libgvmalloc_torch.so"},
+                                          "/p/q/r", None, _lib.TORCH_BACKEND_NAMES,
+                                          "GVMALLOC_TORCH_LIBRARY")
+        self.assertTrue(from_env)
+        self.assertEqual(paths, ["/x/libgvmalloc_torch.so"])
+
+    def test_beside_the_loaded_libgvmalloc_first(self):
+        with tempfile.TemporaryDirectory() as d:
+            build = os.path.join(d, "build", "allocator")
+            os.makedirs(build)
+            lib = os.path.join(build, "libgvmalloc_torch.so")
+            open(lib, "w").close()
+            pkg = os.path.join(d, "pkg", "gvmalloc")
+            os.makedirs(pkg)
+            open(os.path.join(pkg, "libgvmalloc_torch.so"), "w").close()
+            found = _lib.find_torch_backend({}, pkg, None,
+                                            beside=os.path.join(build, "libgvmalloc.so.0.1.0"))
+            self.assertEqual(found, os.path.realpath(lib))
+
+    def test_not_built_says_where_it_looked_and_how_to_build_it(self):
+        with tempfile.TemporaryDirectory() as d:
+            with self.assertRaises(gvmalloc.TorchBackendNotFound) as cm:
+                _lib.find_torch_backend({}, os.path.join(d, "gvmalloc"), None,
+                                        beside=os.path.join(d, "libgvmalloc.so"))
+        m = str(cm.exception)
+        self.assertIn(os.path.join(d, "libgvmalloc_torch.so"), m)
+        self.assertIn("--target gvmalloc_torch", m)
+        self.assertIn("GVMALLOC_TORCH_LIBRARY", m)
+        self.assertIn('backend="pluggable"', m)
+        self.assertIsInstance(cm.exception, gvmalloc.LibraryNotFound)
+
+    def test_a_missing_file_named_by_the_environment_is_a_clear_error(self):
+        with self.assertRaises(gvmalloc.TorchBackendNotFound) as cm:
+            _lib.find_torch_backend({"GVMALLOC_TORCH_LIBRARY": "/nowhere/libgvmalloc_torch.so"})
+        self.assertIn("GVMALLOC_TORCH_LIBRARY is set to '/nowhere/libgvmalloc_torch.so', which "
+                      "does not exist", str(cm.exception))
+
+    def test_the_version_mark_is_read_without_loading(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = fake_backend(d, "2.11.0+cu130")
+            self.assertEqual(_torch_backend.built_for(path), "2.11.0+cu130")
+            other = os.path.join(d, "other.so")
+            with open(other, "wb") as f:
+                f.write(b"no mark here")
+            self.assertIsNone(_torch_backend.built_for(other))
+            with self.assertRaisesRegex(gvmalloc.TorchBackendError, "carries no torch version mark"):
+                _torch_backend.check_version(other, "2.11.0+cu130")
+
+    def test_another_torch_is_refused_naming_both_versions_before_loading(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = fake_backend(d, "2.11.0+cu130")
+            self.assertEqual(_torch_backend.check_version(path, "2.11.0+cu130"), "2.11.0+cu130")
+            with self.assertRaises(gvmalloc.TorchVersionMismatch) as cm:
+                # The file is no library: refused before any load is tried.
+                _torch_backend.install("2.12.0+cu130", os.path.join(d, "libgvmalloc.so"),
+                                       environ={"GVMALLOC_TORCH_LIBRARY": path})
+        m = str(cm.exception)
+        self.assertIn("built for torch 2.11.0+cu130", m)
+        self.assertIn("runs torch 2.12.0+cu130", m)
+        self.assertIn('backend="pluggable"', m)
+
+    def test_capabilities_text(self):
+        self.assertEqual(_torch_backend.parse_capabilities("a=1,b=0"), {"a": True, "b": False})
+        self.assertEqual(_torch_backend.parse_capabilities(""), {})
+
+    @unittest.skipUnless(TORCH_BACKEND and TORCH_BACKEND_VERSION,
+                         "the PyTorch backend is not built here (cmake found no torch)")
+    def test_the_built_backend_carries_its_torch_version_and_refuses_another(self):
+        self.assertEqual(_torch_backend.built_for(TORCH_BACKEND), TORCH_BACKEND_VERSION)
+        # Loaded without torch's Python package (libc10 comes by rpath): the
+        # library's own check answers too, before anything else happens.
+        code = ("import ctypes, sys\n"
+                "lib = ctypes.CDLL(sys.argv[1])\n"
+                "lib.gvm_torch_built_for.restype = ctypes.c_char_p\n"
+                "buf = ctypes.create_string_buffer(1024)\n"
+                "rc = lib.gvm_torch_install(b'0.0.1', buf, 1024)\n"
+                "print(lib.gvm_torch_built_for().decode(), rc, buf.value.decode())\n")
+        r = subprocess.run([sys.executable, "-c", code, TORCH_BACKEND], capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        built, rc, message = r.stdout.strip().split(" ", 2)
+        self.assertEqual(built, TORCH_BACKEND_VERSION)
+        self.assertEqual(int(rc), _torch_backend.VERSION_MISMATCH)
+        self.assertIn("built for torch %s" % TORCH_BACKEND_VERSION, message)
+        self.assertIn("runs torch 0.0.1", message)
+
+
+# A stand-in for the torch package with what gvmalloc.torch.enable() touches,
+# for its logic on machines without torch (and without a GPU).
+FAKE_TORCH = """
+__version__ = %(version)r
+class _Memory:
+    swapped = []
+    class CUDAPluggableAllocator:
+        def __init__(self, path, malloc_fn, free_fn):
+            self.args = (path, malloc_fn, free_fn)
+        def allocator(self):
+            return self
+    @staticmethod
+    def change_current_allocator(allocator):
+        _Memory.swapped.append(allocator)
+class cuda:
+    memory = _Memory
+    started = %(started)r
+    @staticmethod
+    def is_initialized():
+        return cuda.started
+    @staticmethod
+    def device_count():
+        return 1
+    @staticmethod
+    def memory_allocated(device):
+        return 4096 if cuda.started else 0
+"""
+
+
+@NEEDS_LIBRARY
+class EnableLogic(unittest.TestCase):
+    """gvmalloc.torch.enable()'s choices and errors, over a stand-in torch and the
+    simulated driver (each case in its own interpreter)."""
+
+    def run_case(self, body, version="2.11.0+cu130", started=False, env=None):
+        with tempfile.TemporaryDirectory() as d:
+            os.makedirs(os.path.join(d, "torch"))
+            with open(os.path.join(d, "torch", "__init__.py"), "w") as f:
+                f.write(FAKE_TORCH % {"version": version, "started": started})
+            code = ("import warnings, gvmalloc\n"
+                    "gvmalloc.init_simulated('h200', 1)\n"
+                    "import gvmalloc.torch as gt\n" + body)
+            e = dict(os.environ, PYTHONPATH=os.pathsep.join([d, _support.PACKAGE_DIR]))
+            e.pop("GVMALLOC_TORCH_LIBRARY", None)
+            e.update(env or {})
+            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               env=e, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        return r.stdout
+
+    def test_an_unknown_backend_is_refused(self):
+        out = self.run_case("try:\n    gt.enable(backend='fast')\n"
+                            "except ValueError as e:\n    print('VE', e)\n")
+        self.assertIn('VE gvmalloc.torch.enable(backend=\'fast\'): backend is "native" or '
+                      '"pluggable"', out)
+
+    def test_native_after_cuda_started_is_too_late(self):
+        out = self.run_case("try:\n    gt.enable()\n"
+                            "except RuntimeError as e:\n    print('RE', e)\n", started=True)
+        self.assertIn("RE gvmalloc.torch.enable(): PyTorch's CUDA allocator is already in use", out)
+        self.assertIn("before the first CUDA tensor", out)
+
+    def test_native_without_the_backend_built_says_how_to_get_it(self):
+        out = self.run_case("try:\n    gt.enable()\n"
+                            "except gvmalloc.TorchBackendNotFound as e:\n    print('NF', e)\n",
+                            env={"GVMALLOC_TORCH_LIBRARY": "/nowhere/libgvmalloc_torch.so"})
+        self.assertIn("NF gvmalloc: GVMALLOC_TORCH_LIBRARY is set to '/nowhere/libgvmalloc_torch.so'",
+                      out)
+
+    def test_pluggable_warns_with_what_it_loses_and_swaps_the_allocator(self):
+        out = self.run_case(
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    a = gt.enable(backend='pluggable')\n"
+            "print('W', w[0].category.__name__, w[0].message)\n"
+            "import torch\n"
+            "print('SWAPPED', torch.cuda.memory.swapped == [a], a.args[1:])\n"
+            "print('AGAIN', gt.enable(backend='pluggable') is a, gt.backend())\n"
+            "try:\n    gt.enable()\n"
+            "except RuntimeError as e:\n    print('RE', e)\n")
+        self.assertIn("W RuntimeWarning gvmalloc.torch.enable(backend=\"pluggable\")", out)
+        for loss in ("record_stream", "CUDA graphs", "cudnn.benchmark", "memory_stats",
+                     "torch.OutOfMemoryError"):
+            self.assertIn(loss, out)
+        self.assertIn("SWAPPED True ('gvm_torch_malloc', 'gvm_torch_free')", out)
+        self.assertIn("AGAIN True pluggable", out)
+        self.assertIn("RE gvmalloc.torch.enable(backend='native'): already enabled with backend "
+                      "'pluggable'", out)
+
+    @unittest.skipUnless(TORCH_BACKEND and TORCH_BACKEND_VERSION,
+                         "the PyTorch backend is not built here (cmake found no torch)")
+    def test_native_installs_the_built_backend_and_reports_it(self):
+        out = self.run_case(
+            "print('RET', gt.enable())\n"
+            "info = gt.backend_info()\n"
+            "print('INFO', info['installed'], info['built_for'], gt.backend())\n"
+            "print('CAPS', sorted(info['capabilities']))\n",
+            version=TORCH_BACKEND_VERSION, env={"GVMALLOC_TORCH_LIBRARY": TORCH_BACKEND})
+        self.assertIn("RET None", out)
+        self.assertIn("INFO True %s native" % TORCH_BACKEND_VERSION, out)
+        self.assertIn("'memory_map'", out)
+
+    @unittest.skipUnless(TORCH_BACKEND and TORCH_BACKEND_VERSION,
+                         "the PyTorch backend is not built here (cmake found no torch)")
+    def test_native_refuses_a_backend_built_for_another_torch(self):
+        out = self.run_case(
+            "try:\n    gt.enable()\n"
+            "except gvmalloc.TorchVersionMismatch as e:\n    print('VM', e)\n",
+            version="0.0.1", env={"GVMALLOC_TORCH_LIBRARY": TORCH_BACKEND})
+        self.assertIn("built for torch %s, but this process runs torch 0.0.1" % TORCH_BACKEND_VERSION,
+                      out)
+
+
+class SemanticsRunner(unittest.TestCase):
+    """tests/python/_torch_semantics.py's table, over stand-in cases: a failing case, a
+    crash and a timeout are reported as such and the other cases still run."""
+
+    def test_every_outcome_is_reported_and_the_run_goes_on(self):
+        with tempfile.TemporaryDirectory() as out:
+            env = dict(os.environ, GVM_SEMANTICS_STANDIN="_semantics_standin",
+                       PYTHONPATH=os.pathsep.join([_support.HERE, _support.PACKAGE_DIR]))
+            r = subprocess.run([sys.executable, os.path.join(_support.HERE, "_torch_semantics.py"),
+                                "table", "--out", out], capture_output=True, text=True, env=env,
+                               timeout=120)
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)  # something failed
+            import json
+            with open(os.path.join(out, "torch-semantics.json")) as f:
+                rows = {row["case"]: row for row in json.load(f)}
+            with open(os.path.join(out, "torch-semantics.txt")) as f:
+                text = f.read()
+        self.assertEqual({c: rows[c]["native"]["status"] for c in rows},
+                         {c: "pass" for c in rows})
+        gvm = {c: rows[c]["gvm"]["status"] for c in rows}
+        self.assertEqual(gvm, {"passes": "pass", "fails": "fail", "crashes": "CRASH", "after": "pass",
+                               "hangs": "TIMEOUT", "fresh": "pass"})
+        self.assertIn("signal SIGSEGV", rows["crashes"]["gvm"]["detail"]["error"])
+        self.assertIn("differs under gvm", rows["fails"]["gvm"]["detail"]["error"])
+        # The case after the crash ran in a new worker; a fresh case gets its own.
+        self.assertNotEqual(rows["after"]["gvm"]["detail"]["pid"], rows["passes"]["gvm"]["detail"]["pid"])
+        self.assertNotEqual(rows["fresh"]["gvm"]["detail"]["pid"], rows["after"]["gvm"]["detail"]["pid"])
+        self.assertRegex(text, r"crashes +pass +CRASH")
+        self.assertIn("gvmalloc: 1 CRASH, 1 TIMEOUT, 1 fail, 3 pass", text)
 
 
 class PureHelpers(unittest.TestCase):

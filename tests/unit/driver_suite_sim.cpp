@@ -14,7 +14,7 @@ extern const vmm::Profile kSuiteProfile;
 
 namespace {
 
-std::unique_ptr<vmm::Driver> make_sim(std::vector<vmm::DeviceProfile> devices) {
+std::unique_ptr<vmm::TestDriver> make_sim(std::vector<vmm::DeviceProfile> devices) {
   auto d = std::make_unique<vmm::SimDriver>(std::move(devices));
   d->enable_backing(true);
   return d;

@@ -1,6 +1,6 @@
 // The hazard model: each rule that kills the context, next to its fenced
 // counterpart that must not; completion; races between streams; and
-// HazardModel, the two failures measured on real H200s (MEASUREMENTS.md).
+// HazardModel, the two failures measured on real H200s (docs/measurements.md, "Hazards").
 #include <string>
 #include <vector>
 
@@ -173,12 +173,19 @@ TEST_F(SimHazards, DisablePeerAccessWithOnlyLocalWorkPendingIsFine) {
       << "device 1 touches only its own memory";
 }
 
-TEST_F(SimHazards, FreeingClassicMemoryWaitsForTheOwnerButNotForPeers) {
+TEST_F(SimHazards, FreeingClassicMemoryWithQueuedWorkIsIllegalOnAnyDevice) {
   DevicePtr p = 0;
   ASSERT_EQ(sim().mem_alloc(0, 4096, &p), Result::success);
-  ASSERT_EQ(sim().enqueue_access(0, stream(0), p, 4096, AccessKind::write), Result::success);
-  EXPECT_EQ(sim().mem_free(0, p), Result::success) << "cuMemFree synchronizes the owner";
-  EXPECT_EQ(sim().pending_accesses(), 0u);
+  vmm::StreamHandle s0 = stream(0);
+  ASSERT_EQ(sim().enqueue_access(0, s0, p, 4096, AccessKind::write), Result::success);
+  ASSERT_EQ(sim().stream_synchronize(0, s0), Result::success);
+  EXPECT_EQ(sim().mem_free(0, p), Result::success) << "nothing queued on it any more";
+
+  ASSERT_EQ(sim().mem_alloc(0, 4096, &p), Result::success);
+  ASSERT_EQ(sim().enqueue_access(0, s0, p, 4096, AccessKind::write), Result::success);
+  EXPECT_EQ(sim().mem_free(0, p), Result::illegal_address)
+      << "cuMemFree is no implicit synchronization of the owner";
+  sim().clear_sticky();
 
   ASSERT_EQ(sim().mem_alloc(0, 4096, &p), Result::success);
   ASSERT_EQ(sim().enable_peer_access(1, 0), Result::success);
@@ -342,7 +349,7 @@ TEST_F(SimHazards, CopiesTakePartInRaces) {
   EXPECT_EQ(sim().race_count(), 1u) << "a synchronous copy after a sync is ordered";
 }
 
-// --- HazardModel: MEASUREMENTS.md "Hazards", both failures and both fences ---------
+// --- HazardModel: docs/measurements.md "Hazards", both failures and both fences ---------
 
 // Global peer access toggled between phases while a peer copy is queued:
 // 20/20 runs failed with "unspecified launch failure" on two H200s; with both

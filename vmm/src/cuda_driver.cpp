@@ -15,6 +15,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "gvm/vmm/test_driver.hpp"
+
 namespace gvm::vmm {
 namespace {
 
@@ -58,6 +60,11 @@ namespace {
   X(cuStreamDestroy)                \
   X(cuStreamSynchronize)            \
   X(cuStreamWaitEvent)              \
+  X(cuStreamGetId)                  \
+  X(cuStreamGetCaptureInfo)         \
+  X(cuStreamBeginCapture)           \
+  X(cuStreamEndCapture)             \
+  X(cuGraphDestroy)                 \
   X(cuEventCreate)                  \
   X(cuEventDestroy)                 \
   X(cuEventRecord)                  \
@@ -182,7 +189,7 @@ CUevent to_cu_event(EventHandle e) noexcept {
   return static_cast<CUevent>(e);
 }
 
-class CudaDriver final : public Driver {
+class CudaDriver final : public TestDriver {
  public:
   CudaDriver(void* library, const Api& api, std::vector<CUdevice> devices, int version)
       : library_(library),
@@ -416,6 +423,52 @@ class CudaDriver final : public Driver {
     return on_device(device, [&] { return api_.cuStreamSynchronize_(to_cu(stream)); });
   }
 
+  Result stream_get_id(int device, StreamHandle stream, std::uint64_t* id) override {
+    if (id == nullptr) return Result::invalid_value;
+    return on_device(device, [&] {
+      unsigned long long v = 0;
+      CUresult r = api_.cuStreamGetId_(to_cu(stream), &v);
+      if (r == CUDA_SUCCESS) *id = v;
+      return r;
+    });
+  }
+
+  Result stream_capture_status(int device, StreamHandle stream, CaptureStatus* status,
+                               std::uint64_t* capture_id) override {
+    if (status == nullptr) return Result::invalid_value;
+    return on_device(device, [&] {
+      CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+      cuuint64_t id = 0;
+      CUresult r =
+          api_.cuStreamGetCaptureInfo_(to_cu(stream), &st, &id, nullptr, nullptr, nullptr, nullptr);
+      if (r == CUDA_SUCCESS) {
+        *status = static_cast<CaptureStatus>(st);
+        if (capture_id != nullptr && st == CU_STREAM_CAPTURE_STATUS_ACTIVE) *capture_id = id;
+      }
+      return r;
+    });
+  }
+
+  Result stream_begin_capture(int device, StreamHandle stream, CaptureMode mode) override {
+    if (mode != CaptureMode::global && mode != CaptureMode::local_thread &&
+        mode != CaptureMode::relaxed) {
+      return Result::invalid_value;
+    }
+    return on_device(device, [&] {
+      return api_.cuStreamBeginCapture_(to_cu(stream), static_cast<CUstreamCaptureMode>(mode));
+    });
+  }
+
+  // The graph is not needed by anyone: destroyed at once.
+  Result stream_end_capture(int device, StreamHandle stream) override {
+    return on_device(device, [&] {
+      CUgraph graph = nullptr;
+      CUresult r = api_.cuStreamEndCapture_(to_cu(stream), &graph);
+      if (graph != nullptr) (void)api_.cuGraphDestroy_(graph);
+      return r;
+    });
+  }
+
   Result stream_wait_event(int device, StreamHandle stream, EventHandle event) override {
     if (event == nullptr) return Result::invalid_handle;
     return on_device(device, [&] {
@@ -466,8 +519,12 @@ class CudaDriver final : public Driver {
     CUcontext src_ctx = nullptr;
     if (Result r = context(dst_device, &dst_ctx); r != Result::success) return r;
     if (Result r = context(src_device, &src_ctx); r != Result::success) return r;
-    // A nullptr stream means src_device's legacy default stream.
-    return on_device(src_device, [&] {
+    // The Driver contract: `stream` is a stream of dst_device and nullptr
+    // dst_device's legacy stream, which is the legacy stream of the context
+    // current for the call: dst_device's. (The real driver also takes a
+    // stream of another device for a copy, as the CUDA programming guide
+    // says; the simulated driver holds callers to the contract.)
+    return on_device(dst_device, [&] {
       return api_.cuMemcpyPeerAsync_(dst, dst_ctx, src, src_ctx, bytes, to_cu(stream));
     });
   }
@@ -598,7 +655,7 @@ std::string query_status_name(CUdriverProcAddressQueryResult s) {
 
 }  // namespace
 
-std::unique_ptr<Driver> load_cuda_driver_from(const char* library) {
+std::unique_ptr<TestDriver> load_cuda_test_driver_from(const char* library) {
   if (library == nullptr || *library == '\0')
     throw DriverUnavailable("no CUDA driver found: no library name given");
   dlerror();  // clear any earlier error so the message below is ours
@@ -664,19 +721,31 @@ std::unique_ptr<Driver> load_cuda_driver_from(const char* library) {
   return std::make_unique<CudaDriver>(lib, api, std::move(devices), version);
 }
 
-std::unique_ptr<Driver> load_cuda_driver() {
-  return load_cuda_driver_from("libcuda.so.1");
+std::unique_ptr<TestDriver> load_cuda_test_driver() {
+  return load_cuda_test_driver_from("libcuda.so.1");
 }
 
-std::unique_ptr<Driver> try_load_cuda_driver(std::string* why) {
+std::unique_ptr<TestDriver> try_load_cuda_test_driver(std::string* why) {
   try {
-    auto d = load_cuda_driver();
+    auto d = load_cuda_test_driver();
     if (why != nullptr) why->clear();
     return d;
   } catch (const std::exception& e) {
     if (why != nullptr) *why = e.what();
     return nullptr;
   }
+}
+
+std::unique_ptr<Driver> load_cuda_driver_from(const char* library) {
+  return load_cuda_test_driver_from(library);
+}
+
+std::unique_ptr<Driver> load_cuda_driver() {
+  return load_cuda_test_driver();
+}
+
+std::unique_ptr<Driver> try_load_cuda_driver(std::string* why) {
+  return try_load_cuda_test_driver(why);
 }
 
 int cuda_driver_version(const Driver& driver) noexcept {

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "sim_costs.hpp"
 #include "sim_state.hpp"
 
 namespace gvm::vmm {
@@ -135,7 +136,7 @@ void SimDriver::set_auto_complete(bool on) {
 namespace {
 std::size_t call_index(Call c, const char* what) {
   int i = static_cast<int>(c);
-  if (i < 0 || i >= kCallCount) {
+  if (i < 0 || i >= kAllCallCount) {
     throw std::invalid_argument(std::string("SimDriver::") + what + ": no such call " +
                                 std::to_string(i));
   }
@@ -170,6 +171,7 @@ void SimDriver::clear_faults() {
 Result SimDriver::State::enter(Call c) {
   auto i = static_cast<std::size_t>(c);
   ++calls[i];
+  simulated_ns[i] += sim::call_cost_ns(c);
   Result fired = every_fault[i];
   auto& scheduled = faults[i];
   for (auto it = scheduled.begin(); it != scheduled.end();) {
@@ -239,6 +241,40 @@ void SimDriver::clear_races() {
   s_->race_total = 0;
 }
 
+std::vector<std::string> SimDriver::misuse() const {
+  std::lock_guard lock(s_->mu);
+  return s_->misuse;
+}
+
+std::size_t SimDriver::misuse_count() const {
+  std::lock_guard lock(s_->mu);
+  return s_->misuse_total;
+}
+
+void SimDriver::clear_misuse() {
+  std::lock_guard lock(s_->mu);
+  s_->misuse.clear();
+  s_->misuse_total = 0;
+}
+
+std::uint64_t SimDriver::simulated_ns(Call call) const {
+  std::size_t i = call_index(call, "simulated_ns");
+  std::lock_guard lock(s_->mu);
+  return s_->simulated_ns[i];
+}
+
+std::uint64_t SimDriver::simulated_ns_total() const {
+  std::lock_guard lock(s_->mu);
+  std::uint64_t t = 0;
+  for (std::uint64_t ns : s_->simulated_ns) t += ns;
+  return t;
+}
+
+std::uint64_t SimDriver::emulated_peer_toggles() const {
+  std::lock_guard lock(s_->mu);
+  return s_->emulated_peer_toggles;
+}
+
 std::size_t SimDriver::live_reservations() const {
   std::lock_guard lock(s_->mu);
   return s_->reservations.size();
@@ -294,6 +330,7 @@ const DeviceProfile& SimDriver::device_profile(int device) const {
 Result SimDriver::device_count(int* count) {
   GVM_SIM_ENTER(device_count);
   if (count == nullptr) return Result::invalid_value;
+  GVM_SIM_CAPTURE(device_count, {-1, nullptr, nullptr});
   *count = static_cast<int>(s_->devices.size());
   return Result::success;
 }
@@ -302,6 +339,7 @@ Result SimDriver::device_name(int device, std::string* name) {
   GVM_SIM_ENTER(device_name);
   if (!s_->valid_device(device)) return Result::invalid_device;
   if (name == nullptr) return Result::invalid_value;
+  GVM_SIM_CAPTURE(device_name, {device, nullptr, nullptr});
   *name = s_->devices[static_cast<std::size_t>(device)].profile.name;
   return Result::success;
 }
@@ -310,6 +348,7 @@ Result SimDriver::device_attribute(int device, DeviceAttribute attr, int* value)
   GVM_SIM_ENTER(device_attribute);
   if (!s_->valid_device(device)) return Result::invalid_device;
   if (value == nullptr) return Result::invalid_value;
+  GVM_SIM_CAPTURE(device_attribute, {device, nullptr, nullptr});
   const DeviceProfile& p = s_->devices[static_cast<std::size_t>(device)].profile;
   switch (attr) {
     case DeviceAttribute::compute_capability_major: *value = p.cc_major; return Result::success;
@@ -336,6 +375,7 @@ Result SimDriver::device_total_memory(int device, std::size_t* bytes) {
   GVM_SIM_ENTER(device_total_memory);
   if (!s_->valid_device(device)) return Result::invalid_device;
   if (bytes == nullptr) return Result::invalid_value;
+  GVM_SIM_CAPTURE(device_total_memory, {device, nullptr, nullptr});
   *bytes = s_->devices[static_cast<std::size_t>(device)].profile.memory_bytes;
   return Result::success;
 }
@@ -344,6 +384,7 @@ Result SimDriver::mem_get_info(int device, std::size_t* free_bytes, std::size_t*
   GVM_SIM_ENTER(mem_get_info);
   if (!s_->valid_device(device)) return Result::invalid_device;
   if (free_bytes == nullptr || total_bytes == nullptr) return Result::invalid_value;
+  GVM_SIM_CAPTURE(mem_get_info, {device, nullptr, nullptr});
   const sim::Device& d = s_->devices[static_cast<std::size_t>(device)];
   *free_bytes = d.budget > d.used ? d.budget - d.used : 0;
   *total_bytes = d.profile.memory_bytes;
@@ -354,6 +395,7 @@ Result SimDriver::allocation_granularity(int device, GranularityKind kind, std::
   GVM_SIM_ENTER(allocation_granularity);
   if (!s_->valid_device(device)) return Result::invalid_device;
   if (bytes == nullptr) return Result::invalid_value;
+  GVM_SIM_CAPTURE(allocation_granularity, {device, nullptr, nullptr});
   const DeviceProfile& p = s_->devices[static_cast<std::size_t>(device)].profile;
   if (!p.vmm) return Result::not_supported;
   switch (kind) {
@@ -367,6 +409,7 @@ Result SimDriver::can_access_peer(int device, int peer, bool* can) {
   GVM_SIM_ENTER(can_access_peer);
   if (!s_->valid_device(device) || !s_->valid_device(peer)) return Result::invalid_device;
   if (can == nullptr) return Result::invalid_value;
+  GVM_SIM_CAPTURE(can_access_peer, {device, nullptr, nullptr});
   *can = s_->devices[static_cast<std::size_t>(device)].can_peer[static_cast<std::size_t>(peer)];
   return Result::success;
 }
@@ -376,6 +419,7 @@ Result SimDriver::can_access_peer(int device, int peer, bool* can) {
 Result SimDriver::ctx_synchronize(int device) {
   GVM_SIM_ENTER(ctx_synchronize);
   if (!s_->valid_device(device)) return Result::invalid_device;
+  GVM_SIM_CAPTURE(ctx_synchronize, {device, nullptr, nullptr});
   s_->complete_device(device);
   return Result::success;
 }
@@ -385,6 +429,7 @@ Result SimDriver::enable_peer_access(int device, int peer) {
   if (!s_->valid_device(device) || !s_->valid_device(peer) || device == peer) {
     return Result::invalid_device;
   }
+  GVM_SIM_CAPTURE(enable_peer_access, {device, nullptr, nullptr});
   sim::Device& d = s_->devices[static_cast<std::size_t>(device)];
   // The real driver says CUDA_ERROR_PEER_ACCESS_UNSUPPORTED (217), which the
   // project does not name; invalid_device is the nearest code it has.
@@ -399,10 +444,11 @@ Result SimDriver::disable_peer_access(int device, int peer) {
   if (!s_->valid_device(device) || !s_->valid_device(peer) || device == peer) {
     return Result::invalid_device;
   }
+  GVM_SIM_CAPTURE(disable_peer_access, {device, nullptr, nullptr});
   sim::Device& d = s_->devices[static_cast<std::size_t>(device)];
   if (!d.peer_enabled[static_cast<std::size_t>(peer)]) return Result::peer_access_not_enabled;
   d.peer_enabled[static_cast<std::size_t>(peer)] = false;
-  // MEASUREMENTS.md: a disable while a peer copy is queued fails 20/20 with
+  // docs/measurements.md: a disable while a peer copy is queued fails 20/20 with
   // "unspecified launch failure" and kills the context.
   for (const auto& [id, s] : s_->streams) {
     for (const sim::Pending& p : s.pending) {
@@ -417,6 +463,7 @@ Result SimDriver::disable_peer_access(int device, int peer) {
 Result SimDriver::address_reserve(std::size_t size, std::size_t alignment, DevicePtr* addr) {
   GVM_SIM_ENTER(address_reserve);
   if (addr == nullptr) return Result::invalid_value;
+  GVM_SIM_CAPTURE(address_reserve, {-1, nullptr, nullptr});
   if (std::none_of(s_->devices.begin(), s_->devices.end(),
                    [](const sim::Device& d) { return d.profile.vmm; })) {
     return Result::not_supported;
@@ -433,6 +480,7 @@ Result SimDriver::address_reserve(std::size_t size, std::size_t alignment, Devic
 
 Result SimDriver::address_free(DevicePtr addr, std::size_t size) {
   GVM_SIM_ENTER(address_free);
+  GVM_SIM_CAPTURE(address_free, {-1, nullptr, nullptr});
   auto it = s_->reservations.find(addr);
   if (it == s_->reservations.end() || it->second.size != size) return Result::invalid_value;
   // The driver requires every mapping inside to be unmapped first.
@@ -457,6 +505,7 @@ Result SimDriver::mem_create(int device, std::size_t size, ShareableHandleType e
   GVM_SIM_ENTER(mem_create);
   if (!s_->valid_device(device)) return Result::invalid_device;
   if (handle == nullptr) return Result::invalid_value;
+  GVM_SIM_CAPTURE(mem_create, {device, nullptr, nullptr});
   sim::Device& d = s_->devices[static_cast<std::size_t>(device)];
   if (!d.profile.vmm) return Result::not_supported;
   switch (exportable) {
@@ -483,6 +532,7 @@ Result SimDriver::mem_create(int device, std::size_t size, ShareableHandleType e
 
 Result SimDriver::mem_release(PhysHandle handle) {
   GVM_SIM_ENTER(mem_release);
+  GVM_SIM_CAPTURE(mem_release, {-1, nullptr, nullptr});
   auto it = s_->phys.find(handle);
   if (it == s_->phys.end() || it->second.refs == 0) return Result::invalid_value;
   // A mapped allocation outlives its handle until the last unmap, as in the driver.
@@ -492,6 +542,7 @@ Result SimDriver::mem_release(PhysHandle handle) {
 
 Result SimDriver::mem_map(DevicePtr addr, std::size_t size, PhysHandle handle) {
   GVM_SIM_ENTER(mem_map);
+  GVM_SIM_CAPTURE(mem_map, {-1, nullptr, nullptr});
   auto ph = s_->phys.find(handle);
   if (ph == s_->phys.end() || ph->second.refs == 0) return Result::invalid_value;
   sim::Phys& p = ph->second;
@@ -542,6 +593,7 @@ bool whole_mappings(SimDriver::State& s, DevicePtr addr, std::size_t size,
 
 Result SimDriver::mem_unmap(DevicePtr addr, std::size_t size) {
   GVM_SIM_ENTER(mem_unmap);
+  GVM_SIM_CAPTURE(mem_unmap, {-1, nullptr, nullptr});
   std::vector<std::map<DevicePtr, sim::MappingRec>::iterator> ms;
   if (!whole_mappings(*s_, addr, size, &ms)) return Result::invalid_value;
   // Unmapping under pending work: the work faults on a missing page, the
@@ -559,6 +611,7 @@ Result SimDriver::mem_set_access(DevicePtr addr, std::size_t size, const AccessD
                                  std::size_t count) {
   GVM_SIM_ENTER(mem_set_access);
   if (descs == nullptr || count == 0) return Result::invalid_value;
+  GVM_SIM_CAPTURE(mem_set_access, {-1, nullptr, nullptr});
   std::vector<std::map<DevicePtr, sim::MappingRec>::iterator> ms;
   if (!whole_mappings(*s_, addr, size, &ms)) return Result::invalid_value;
   for (std::size_t i = 0; i < count; ++i) {
@@ -575,7 +628,37 @@ Result SimDriver::mem_set_access(DevicePtr addr, std::size_t size, const AccessD
       }
     }
   }
-  // Validated: apply, then look for pending work the change pulls the rug from.
+  // Validated. What changes for whom: a peer's change is a grant (from none)
+  // or a revoke or lowering; on a pre-Ampere pair each changed (peer, owner)
+  // pair is an emulated global toggle.
+  bool grants = false, revokes = false;
+  std::vector<std::pair<int, int>> toggles;  // (peer, owner)
+  for (std::size_t i = 0; i < count; ++i) {
+    const AccessDesc& d = descs[i];
+    for (auto m : ms) {
+      const int owner = s_->phys.at(m->second.handle).device;
+      const Access before = m->second.access[static_cast<std::size_t>(d.device)];
+      if (d.device == owner || before == d.access) continue;
+      (before == Access::none ? grants : revokes) = true;
+      auto cc = [&](int dev) {
+        return s_->devices[static_cast<std::size_t>(dev)].profile.cc_major;
+      };
+      const bool emulated =
+          sim::emulates_peer_access(cc(d.device)) || sim::emulates_peer_access(cc(owner));
+      if (emulated &&
+          std::find(toggles.begin(), toggles.end(), std::pair{d.device, owner}) == toggles.end()) {
+        toggles.emplace_back(d.device, owner);
+      }
+    }
+  }
+  std::uint64_t& cost = s_->simulated_ns[static_cast<std::size_t>(Call::mem_set_access)];
+  if (!toggles.empty()) {
+    cost += sim::kPeerToggleNs * toggles.size();
+    s_->emulated_peer_toggles += toggles.size();
+  } else {
+    cost += grants ? sim::kPeerGrantNs : revokes ? sim::kPeerRevokeNs : sim::kOwnerAccessNs;
+  }
+  // Apply, then look for pending work the change pulls the rug from.
   bool hazard = false;
   for (std::size_t i = 0; i < count; ++i) {
     const AccessDesc& d = descs[i];
@@ -591,7 +674,17 @@ Result SimDriver::mem_set_access(DevicePtr addr, std::size_t size, const AccessD
       }
     }
   }
-  // MEASUREMENTS.md: a PROT_NONE revoke under a reading peer kernel gives
+  // An emulated toggle under in-flight peer work between the pair, on any
+  // memory of the owner: what a real cuCtxDisablePeerAccess under a queued
+  // peer copy does (docs/measurements.md "Hazards").
+  for (const auto& [peer, owner] : toggles) {
+    for (const auto& [id, st] : s_->streams) {
+      for (const sim::Pending& p : st.pending) {
+        if (p.accessor == peer && p.owner == owner) return s_->die(Result::launch_failed);
+      }
+    }
+  }
+  // docs/measurements.md: a PROT_NONE revoke under a reading peer kernel gives
   // "an illegal memory access was encountered", sticky.
   return hazard ? s_->die(Result::illegal_address) : Result::success;
 }
@@ -600,6 +693,7 @@ Result SimDriver::mem_get_access(DevicePtr addr, int device, Access* access) {
   GVM_SIM_ENTER(mem_get_access);
   if (!s_->valid_device(device)) return Result::invalid_device;
   if (access == nullptr) return Result::invalid_value;
+  GVM_SIM_CAPTURE(mem_get_access, {device, nullptr, nullptr});
   auto m = s_->mappings.upper_bound(addr);
   if (m == s_->mappings.begin()) return Result::invalid_value;
   --m;
@@ -611,6 +705,7 @@ Result SimDriver::mem_get_access(DevicePtr addr, int device, Access* access) {
 Result SimDriver::export_shareable_handle(PhysHandle handle, ShareableHandleType type, void* out) {
   GVM_SIM_ENTER(export_shareable_handle);
   if (out == nullptr) return Result::invalid_value;
+  GVM_SIM_CAPTURE(export_shareable_handle, {-1, nullptr, nullptr});
   auto it = s_->phys.find(handle);
   if (it == s_->phys.end() || it->second.refs == 0) return Result::invalid_value;
   const DeviceProfile& p = s_->devices[static_cast<std::size_t>(it->second.device)].profile;
@@ -642,6 +737,7 @@ Result SimDriver::import_shareable_handle(void* shareable, ShareableHandleType t
                                           PhysHandle* handle) {
   GVM_SIM_ENTER(import_shareable_handle);
   if (handle == nullptr) return Result::invalid_value;
+  GVM_SIM_CAPTURE(import_shareable_handle, {-1, nullptr, nullptr});
   PhysHandle h = 0;
   if (type == ShareableHandleType::posix_fd) {
     auto fd = static_cast<int>(reinterpret_cast<std::intptr_t>(shareable));
@@ -675,6 +771,7 @@ Result SimDriver::mem_alloc(int device, std::size_t size, DevicePtr* addr) {
   GVM_SIM_ENTER(mem_alloc);
   if (!s_->valid_device(device)) return Result::invalid_device;
   if (addr == nullptr || size == 0) return Result::invalid_value;
+  GVM_SIM_CAPTURE(mem_alloc, {device, nullptr, nullptr});
   sim::Device& d = s_->devices[static_cast<std::size_t>(device)];
   if (size > ~std::size_t{0} - sim::kClassicCharge) return Result::out_of_memory;
   std::size_t charged =
@@ -695,11 +792,11 @@ Result SimDriver::mem_alloc(int device, std::size_t size, DevicePtr* addr) {
 Result SimDriver::mem_free(int device, DevicePtr addr) {
   GVM_SIM_ENTER(mem_free);
   if (!s_->valid_device(device)) return Result::invalid_device;
+  GVM_SIM_CAPTURE(mem_free, {device, nullptr, nullptr});
   auto it = s_->classic.find(addr);
   if (it == s_->classic.end() || it->second.device != device) return Result::invalid_value;
-  // cudaFree synchronizes the device first; work of other devices on the
-  // range is not waited for and then faults.
-  s_->complete_device(device);
+  // No implicit synchronization: the driver does not promise one, so work
+  // of any stream of any device still queued on the range faults.
   const bool hazard = s_->any_pending(addr, addr + it->second.size, -1);
   s_->devices[static_cast<std::size_t>(device)].used -= it->second.charged;
   s_->classic.erase(it);
@@ -710,21 +807,25 @@ Result SimDriver::mem_free(int device, DevicePtr addr) {
 
 Result SimDriver::module_load_data(int, const char*, ModuleHandle*) {
   GVM_SIM_ENTER(module_load_data);
+  GVM_SIM_CAPTURE(module_load_data, {-1, nullptr, nullptr});
   return Result::not_supported;
 }
 
 Result SimDriver::module_unload(int, ModuleHandle) {
   GVM_SIM_ENTER(module_unload);
+  GVM_SIM_CAPTURE(module_unload, {-1, nullptr, nullptr});
   return Result::not_supported;
 }
 
 Result SimDriver::module_get_function(ModuleHandle, const char*, FunctionHandle*) {
   GVM_SIM_ENTER(module_get_function);
+  GVM_SIM_CAPTURE(module_get_function, {-1, nullptr, nullptr});
   return Result::not_supported;
 }
 
 Result SimDriver::launch_kernel(int, FunctionHandle, unsigned, unsigned, StreamHandle, void**) {
   GVM_SIM_ENTER(launch_kernel);
+  GVM_SIM_CAPTURE(launch_kernel, {-1, nullptr, nullptr});
   return Result::not_supported;
 }
 

@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -100,11 +101,12 @@ struct Pending {
 };
 
 struct Stream {
-  std::uint64_t id = 0;
+  std::uint64_t id = 0;  // what cuStreamGetId answers: never reused
   int device = -1;
   StreamHandle handle = nullptr;
   bool legacy = false;
   bool destroyed = false;  // kept until its pending work completes
+  std::uint64_t capture = 0;  // the capture it takes part in, 0 for none
   std::uint64_t seq = 0;
   VectorClock clock;
   std::deque<Pending> pending;  // in seq order
@@ -113,7 +115,25 @@ struct Stream {
 struct Event {
   int device = -1;
   bool recorded = false;
+  std::uint64_t capture = 0;  // last recorded inside this capture (0: outside)
   VectorClock clock;
+};
+
+// A stream capture (cuStreamBeginCapture .. cuStreamEndCapture). Work on its
+// streams is captured into the graph, not run: it leaves nothing pending.
+struct Capture {
+  std::uint64_t id = 0;
+  int device = -1;
+  std::uint64_t origin = 0;  // the stream it began on, where it must end
+  CaptureMode mode = CaptureMode::global;
+  std::thread::id thread;  // that began it
+  bool invalidated = false;
+};
+
+// A handle given back by cuStreamDestroy and not handed out again yet.
+struct DeadStream {
+  int device = -1;
+  std::uint64_t id = 0;  // of the stream that had it
 };
 
 // Part of an address range that lies in one mapping or classic allocation.
@@ -128,6 +148,9 @@ struct Segment {
 // Races past this many are counted but not described (a broken replay could
 // otherwise fill memory with reports).
 inline constexpr std::size_t kMaxRaceReports = 1000;
+
+// Misuse reports past this many are counted but not described.
+inline constexpr std::size_t kMaxMisuseReports = 100;
 
 struct ScheduledFault {
   int remaining = 0;
@@ -156,16 +179,25 @@ struct SimDriver::State {
   int next_fd = 1 << 20;  // far above any descriptor the process really has
 
   std::map<std::uint64_t, sim::Stream> streams;  // by id, legacy ones included
-  std::map<StreamHandle, std::uint64_t> stream_ids;
+  std::map<StreamHandle, std::uint64_t> stream_ids;  // live handles
+  std::vector<StreamHandle> free_stream_handles;     // destroyed; reused last in, first out
+  std::map<StreamHandle, sim::DeadStream> dead_streams;  // the same handles
+  std::uintptr_t next_stream_handle = 0;
   std::map<EventHandle, sim::Event> events;
+  std::map<std::uint64_t, sim::Capture> captures;  // under way, by id
   std::uint64_t next_object = 1;
   std::uint64_t next_access = 1;
+  std::uint64_t next_capture = 1;
   std::vector<std::string> races;  // the first kMaxRaceReports
   std::size_t race_total = 0;
+  std::vector<std::string> misuse;  // the first kMaxMisuseReports
+  std::size_t misuse_total = 0;
 
-  std::array<std::uint64_t, kCallCount> calls{};
-  std::array<std::vector<sim::ScheduledFault>, kCallCount> faults;
-  std::array<Result, kCallCount> every_fault{};
+  std::array<std::uint64_t, kAllCallCount> calls{};
+  std::array<std::vector<sim::ScheduledFault>, kAllCallCount> faults;
+  std::array<Result, kAllCallCount> every_fault{};
+  std::array<std::uint64_t, kAllCallCount> simulated_ns{};  // sim_costs.hpp
+  std::uint64_t emulated_peer_toggles = 0;
 
   // Counts the call, then answers an injected fault or the sticky error.
   Result enter(Call c);
@@ -174,21 +206,50 @@ struct SimDriver::State {
   bool valid_device(int d) const noexcept { return d >= 0 && d < static_cast<int>(devices.size()); }
   std::size_t granularity() const noexcept;
 
+  // Which memory the driver stages through its owner when the accessor
+  // cannot reach it: none (a kernel), classic memory only (cuMemcpyAsync:
+  // VMM memory must be granted to the stream's device), or any (cuMemcpyPeer-
+  // Async, the synchronous copies).
+  enum class Staging { none, classic, any };
+  enum class Reach {
+    ok,
+    unreachable,  // mapped or allocated, but the accessor may not touch it
+    unmapped,     // some byte lies in no mapping and no classic allocation
+  };
   // Splits [lo, lo + n) into segments and checks that `accessor` may touch
-  // each with `kind`; with `staged`, a segment the accessor cannot reach is
-  // accepted if its owner can (the driver stages the copy through the owner).
-  // False when some byte is not reachable.
-  bool resolve(DevicePtr lo, std::size_t n, int accessor, AccessKind kind, bool staged,
-               std::vector<sim::Segment>* out);
+  // each with `kind`, or that its owner may where `staging` lets the driver
+  // stage it through the owner.
+  Reach resolve(DevicePtr lo, std::size_t n, int accessor, AccessKind kind, Staging staging,
+                std::vector<sim::Segment>* out);
   void read(const std::vector<sim::Segment>& segs, std::size_t offset, void* dst, std::size_t n);
   void write(const std::vector<sim::Segment>& segs, std::size_t offset, const void* src,
              std::size_t n);
 
   // Streams: nullptr (and CU_STREAM_LEGACY / CU_STREAM_PER_THREAD) is the
-  // legacy stream of `device`. Null when unknown or destroyed.
-  sim::Stream* find_stream(int device, StreamHandle h);
+  // legacy stream of `device`. Sets *out and answers success; invalid_handle
+  // for a handle never handed out (invalid_device for a legacy stream of no
+  // device); for a destroyed handle not handed out again, records a misuse
+  // report and kills the context with context_is_destroyed: the real
+  // driver's behaviour is undefined there, and it has crashed.
+  Result find_stream(Call c, int device, StreamHandle h, sim::Stream** out);
   sim::Event* find_event(EventHandle e);
   std::uint64_t add_stream(int device, bool legacy);
+  void report_misuse(std::string what);
+
+  // Stream capture (sim_capture.cpp). Answers what kCaptureRules say `c`
+  // answers under the captures under way (success when none forbids it),
+  // invalidating the captures the rule names.
+  struct CaptureArgs {
+    int device = -1;
+    const sim::Stream* stream = nullptr;
+    const sim::Event* event = nullptr;
+  };
+  Result capture_check(Call c, const CaptureArgs& args);
+  // Work enqueued on `s`: success when it runs as usual; when `s` takes part
+  // in a capture, *captured is set (the work goes into the graph and must not
+  // run) and the result is stream_capture_invalidated once the capture failed.
+  Result capture_work(const sim::Stream& s, bool* captured);
+  sim::Capture* capture_of(const sim::Stream& s);
 
   // Hazards (sim_hazards.cpp).
   struct Touch {
@@ -214,3 +275,17 @@ struct SimDriver::State {
 #define GVM_SIM_ENTER(call)     \
   std::lock_guard lock(s_->mu); \
   if (Result entered = s_->enter(Call::call); entered != Result::success) return entered
+
+// After an entry point has validated its arguments: what the captures under
+// way make of the call (sim_capture_rules.hpp).
+#define GVM_SIM_CAPTURE(call, ...)                                                           \
+  if (!s_->captures.empty()) {                                                               \
+    if (Result refused = s_->capture_check(Call::call, __VA_ARGS__); refused != Result::success) \
+      return refused;                                                                        \
+  }
+
+// The stream argument, found or answered for (see find_stream).
+#define GVM_SIM_STREAM(call, var, device, handle)                                          \
+  sim::Stream* var = nullptr;                                                              \
+  if (Result found = s_->find_stream(Call::call, device, handle, &var); found != Result::success) \
+    return found

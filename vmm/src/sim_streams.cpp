@@ -2,8 +2,11 @@
 // work on a stream or waits for it. The hazard bookkeeping they share is in
 // sim_hazards.cpp.
 #include <algorithm>
+#include <cinttypes>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "sim_state.hpp"
@@ -24,6 +27,12 @@ bool allows(Access a, AccessKind k) noexcept {
                                : a == Access::read_write;
 }
 
+std::string hex(std::uintptr_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%" PRIxPTR, v);
+  return buf;
+}
+
 }  // namespace
 
 // --- state helpers ----------------------------------------------------------------
@@ -35,20 +44,45 @@ std::uint64_t SimDriver::State::add_stream(int device, bool legacy) {
   s.device = device;
   s.legacy = legacy;
   if (!legacy) {
-    s.handle = reinterpret_cast<StreamHandle>(kStreamHandleBase + id * 0x100);
+    // The real driver hands a destroyed stream's handle out again; the most
+    // recently destroyed first, as its allocator of stream objects does.
+    if (!free_stream_handles.empty()) {
+      s.handle = free_stream_handles.back();
+      free_stream_handles.pop_back();
+      dead_streams.erase(s.handle);
+    } else {
+      s.handle = reinterpret_cast<StreamHandle>(kStreamHandleBase + next_stream_handle++ * 0x100);
+    }
     stream_ids[s.handle] = id;
   }
   return id;
 }
 
-sim::Stream* SimDriver::State::find_stream(int device, StreamHandle h) {
+void SimDriver::State::report_misuse(std::string what) {
+  ++misuse_total;
+  if (misuse.size() < sim::kMaxMisuseReports) misuse.push_back(std::move(what));
+}
+
+Result SimDriver::State::find_stream(Call c, int device, StreamHandle h, sim::Stream** out) {
+  *out = nullptr;
   auto raw = reinterpret_cast<std::uintptr_t>(h);
   if (raw <= 2) {
-    if (!valid_device(device)) return nullptr;
-    return &streams.at(devices[static_cast<std::size_t>(device)].legacy_stream);
+    if (!valid_device(device)) return Result::invalid_device;
+    *out = &streams.at(devices[static_cast<std::size_t>(device)].legacy_stream);
+    return Result::success;
   }
-  auto it = stream_ids.find(h);
-  return it == stream_ids.end() ? nullptr : &streams.at(it->second);
+  if (auto it = stream_ids.find(h); it != stream_ids.end()) {
+    *out = &streams.at(it->second);
+    return Result::success;
+  }
+  auto dead = dead_streams.find(h);
+  if (dead == dead_streams.end()) return Result::invalid_handle;
+  report_misuse(std::string(call_name(c)) + " on stream " + hex(raw) + " of device " +
+                std::to_string(dead->second.device) +
+                ", destroyed by cuStreamDestroy and not created again: undefined in the real "
+                "driver (an H200 answered CUDA_ERROR_CONTEXT_IS_DESTROYED; a process has "
+                "crashed inside the driver)");
+  return die(Result::context_is_destroyed);
 }
 
 sim::Event* SimDriver::State::find_event(EventHandle e) {
@@ -56,11 +90,12 @@ sim::Event* SimDriver::State::find_event(EventHandle e) {
   return it == events.end() ? nullptr : &it->second;
 }
 
-bool SimDriver::State::resolve(DevicePtr lo, std::size_t n, int accessor, AccessKind kind,
-                               bool staged, std::vector<sim::Segment>* out) {
+SimDriver::State::Reach SimDriver::State::resolve(DevicePtr lo, std::size_t n, int accessor,
+                                                  AccessKind kind, Staging staging,
+                                                  std::vector<sim::Segment>* out) {
   out->clear();
-  if (n == 0) return true;
-  if (lo > ~DevicePtr{0} - n) return false;
+  if (n == 0) return Reach::ok;
+  if (lo > ~DevicePtr{0} - n) return Reach::unmapped;
   const DevicePtr end = lo + n;
   DevicePtr cur = lo;
   while (cur < end) {
@@ -70,8 +105,9 @@ bool SimDriver::State::resolve(DevicePtr lo, std::size_t n, int accessor, Access
       sim::Phys& p = phys.at(m->second.handle);
       int who = accessor;
       if (!allows(m->second.access[static_cast<std::size_t>(accessor)], kind)) {
-        if (!staged || !allows(m->second.access[static_cast<std::size_t>(p.device)], kind))
-          return false;
+        if (staging != Staging::any ||
+            !allows(m->second.access[static_cast<std::size_t>(p.device)], kind))
+          return Reach::unreachable;
         who = p.device;
       }
       DevicePtr stop = std::min(end, m->first + m->second.size);
@@ -86,7 +122,7 @@ bool SimDriver::State::resolve(DevicePtr lo, std::size_t n, int accessor, Access
       int who = accessor;
       if (accessor != a.device && !devices[static_cast<std::size_t>(accessor)]
                                        .peer_enabled[static_cast<std::size_t>(a.device)]) {
-        if (!staged) return false;
+        if (staging == Staging::none) return Reach::unreachable;
         who = a.device;
       }
       DevicePtr stop = std::min(end, c->first + a.size);
@@ -94,9 +130,9 @@ bool SimDriver::State::resolve(DevicePtr lo, std::size_t n, int accessor, Access
       cur = stop;
       continue;
     }
-    return false;  // neither mapped nor allocated
+    return Reach::unmapped;
   }
-  return true;
+  return Reach::ok;
 }
 
 namespace {
@@ -161,6 +197,7 @@ Result SimDriver::stream_create(int device, StreamHandle* stream) {
   GVM_SIM_ENTER(stream_create);
   if (!s_->valid_device(device)) return Result::invalid_device;
   if (stream == nullptr) return Result::invalid_value;
+  GVM_SIM_CAPTURE(stream_create, {device, nullptr, nullptr});
   *stream = s_->streams.at(s_->add_stream(device, false)).handle;
   return Result::success;
 }
@@ -168,11 +205,13 @@ Result SimDriver::stream_create(int device, StreamHandle* stream) {
 Result SimDriver::stream_destroy(int device, StreamHandle stream) {
   GVM_SIM_ENTER(stream_destroy);
   if (!s_->valid_device(device)) return Result::invalid_device;
-  sim::Stream* s = s_->find_stream(device, stream);
-  if (s == nullptr || s->legacy)
-    return Result::invalid_handle;  // the legacy stream is not ours to destroy
+  GVM_SIM_STREAM(stream_destroy, s, device, stream);
+  if (s->legacy) return Result::invalid_handle;  // the legacy stream is not ours to destroy
+  GVM_SIM_CAPTURE(stream_destroy, {device, s, nullptr});
   s->destroyed = true;
   s_->stream_ids.erase(stream);
+  s_->free_stream_handles.push_back(stream);
+  s_->dead_streams[stream] = {s->device, s->id};
   s_->prune_streams();
   return Result::success;
 }
@@ -180,21 +219,40 @@ Result SimDriver::stream_destroy(int device, StreamHandle stream) {
 Result SimDriver::stream_synchronize(int device, StreamHandle stream) {
   GVM_SIM_ENTER(stream_synchronize);
   if (!s_->valid_device(device)) return Result::invalid_device;
-  sim::Stream* s = s_->find_stream(device, stream);
-  if (s == nullptr) return Result::invalid_handle;
+  GVM_SIM_STREAM(stream_synchronize, s, device, stream);
+  GVM_SIM_CAPTURE(stream_synchronize, {device, s, nullptr});
   sim::VectorClock clock = s->clock;  // complete() may prune streams
   s_->complete(clock);
+  return Result::success;
+}
+
+Result SimDriver::stream_get_id(int device, StreamHandle stream, std::uint64_t* id) {
+  GVM_SIM_ENTER(stream_get_id);
+  if (!s_->valid_device(device)) return Result::invalid_device;
+  GVM_SIM_STREAM(stream_get_id, s, device, stream);
+  if (id == nullptr) return Result::invalid_value;
+  GVM_SIM_CAPTURE(stream_get_id, {device, s, nullptr});
+  *id = s->id;
   return Result::success;
 }
 
 Result SimDriver::stream_wait_event(int device, StreamHandle stream, EventHandle event) {
   GVM_SIM_ENTER(stream_wait_event);
   if (!s_->valid_device(device)) return Result::invalid_device;
-  sim::Stream* s = s_->find_stream(device, stream);
+  GVM_SIM_STREAM(stream_wait_event, s, device, stream);
   sim::Event* e = s_->find_event(event);
-  if (s == nullptr || e == nullptr) return Result::invalid_handle;
+  if (e == nullptr) return Result::invalid_handle;
+  GVM_SIM_CAPTURE(stream_wait_event, {device, s, e});
+  if (e->capture != 0) {
+    // An event recorded inside a capture: the waiting stream joins that
+    // capture (a fork), as in the real driver; nothing runs.
+    if (s->capture == 0) s->capture = e->capture;
+    return Result::success;
+  }
+  bool captured = false;
+  if (Result r = s_->capture_work(*s, &captured); r != Result::success) return r;
   // Waiting for an event never recorded waits for nothing, as in CUDA.
-  if (e->recorded) {
+  if (e->recorded && !captured) {
     for (const auto& [id, seq] : e->clock) {
       std::uint64_t& mine = s->clock[id];
       mine = std::max(mine, seq);
@@ -209,6 +267,7 @@ Result SimDriver::event_create(int device, EventHandle* event) {
   GVM_SIM_ENTER(event_create);
   if (!s_->valid_device(device)) return Result::invalid_device;
   if (event == nullptr) return Result::invalid_value;
+  GVM_SIM_CAPTURE(event_create, {device, nullptr, nullptr});
   auto h = reinterpret_cast<EventHandle>(kEventHandleBase + s_->next_object++ * 0x100);
   s_->events[h].device = device;
   *event = h;
@@ -217,16 +276,29 @@ Result SimDriver::event_create(int device, EventHandle* event) {
 
 Result SimDriver::event_destroy(EventHandle event) {
   GVM_SIM_ENTER(event_destroy);
-  return s_->events.erase(event) == 1 ? Result::success : Result::invalid_handle;
+  sim::Event* e = s_->find_event(event);
+  if (e == nullptr) return Result::invalid_handle;
+  GVM_SIM_CAPTURE(event_destroy, {e->device, nullptr, e});
+  s_->events.erase(event);
+  return Result::success;
 }
 
 Result SimDriver::event_record(int device, EventHandle event, StreamHandle stream) {
   GVM_SIM_ENTER(event_record);
   if (!s_->valid_device(device)) return Result::invalid_device;
+  GVM_SIM_STREAM(event_record, s, device, stream);
   sim::Event* e = s_->find_event(event);
-  sim::Stream* s = s_->find_stream(device, stream);
   // Event and stream must belong to the same device (context).
-  if (e == nullptr || s == nullptr || e->device != s->device) return Result::invalid_handle;
+  if (e == nullptr || e->device != s->device) return Result::invalid_handle;
+  GVM_SIM_CAPTURE(event_record, {device, s, e});
+  bool captured = false;
+  if (Result r = s_->capture_work(*s, &captured); r != Result::success) return r;
+  if (captured) {
+    e->capture = s->capture;
+    e->recorded = true;
+    return Result::success;
+  }
+  e->capture = 0;
   e->clock = s->clock;
   e->recorded = true;
   return Result::success;
@@ -236,6 +308,7 @@ Result SimDriver::event_query(EventHandle event) {
   GVM_SIM_ENTER(event_query);
   sim::Event* e = s_->find_event(event);
   if (e == nullptr) return Result::invalid_handle;
+  GVM_SIM_CAPTURE(event_query, {e->device, nullptr, e});
   if (!e->recorded || s_->is_complete(e->clock)) return Result::success;
   if (!s_->auto_complete) return Result::not_ready;
   sim::VectorClock clock = e->clock;
@@ -247,6 +320,7 @@ Result SimDriver::event_synchronize(EventHandle event) {
   GVM_SIM_ENTER(event_synchronize);
   sim::Event* e = s_->find_event(event);
   if (e == nullptr) return Result::invalid_handle;
+  GVM_SIM_CAPTURE(event_synchronize, {e->device, nullptr, e});
   if (e->recorded) {
     sim::VectorClock clock = e->clock;
     s_->complete(clock);
@@ -261,12 +335,14 @@ Result SimDriver::enqueue_access(int device, StreamHandle stream, DevicePtr addr
   std::lock_guard lock(s_->mu);
   if (s_->sticky != Result::success) return s_->sticky;
   if (!s_->valid_device(device)) return Result::invalid_device;
-  sim::Stream* s = s_->find_stream(device, stream);
-  if (s == nullptr || s->device != device) return Result::invalid_handle;
+  GVM_SIM_STREAM(launch_kernel, s, device, stream);
+  if (s->device != device) return Result::invalid_handle;
   if (bytes == 0 || (kind != AccessKind::read && kind != AccessKind::write))
     return Result::invalid_value;
+  bool captured = false;
+  if (Result r = s_->capture_work(*s, &captured); r != Result::success || captured) return r;
   std::vector<sim::Segment> segs;
-  if (!s_->resolve(addr, bytes, device, kind, false, &segs))
+  if (s_->resolve(addr, bytes, device, kind, State::Staging::none, &segs) != State::Reach::ok)
     return s_->die(Result::illegal_address);
   s_->enqueue(*s, touches(segs, kind), "kernel");
   return Result::success;
@@ -276,14 +352,23 @@ Result SimDriver::memcpy_async(int device, DevicePtr dst, DevicePtr src, std::si
                                StreamHandle stream) {
   GVM_SIM_ENTER(memcpy_async);
   if (!s_->valid_device(device)) return Result::invalid_device;
-  sim::Stream* s = s_->find_stream(device, stream);
-  if (s == nullptr || s->device != device) return Result::invalid_handle;
+  GVM_SIM_STREAM(memcpy_async, s, device, stream);
+  if (s->device != device) return Result::invalid_handle;
   if (bytes == 0) return Result::success;
+  GVM_SIM_CAPTURE(memcpy_async, {device, s, nullptr});
   std::vector<sim::Segment> from, to;
-  if (!s_->resolve(src, bytes, device, AccessKind::read, true, &from) ||
-      !s_->resolve(dst, bytes, device, AccessKind::write, true, &to)) {
+  const State::Reach r_from =
+      s_->resolve(src, bytes, device, AccessKind::read, State::Staging::classic, &from);
+  const State::Reach r_to =
+      s_->resolve(dst, bytes, device, AccessKind::write, State::Staging::classic, &to);
+  if (r_from == State::Reach::unmapped || r_to == State::Reach::unmapped)
     return s_->die(Result::illegal_address);
-  }
+  // VMM memory the stream's device was not granted: the real driver refuses
+  // the copy (seen through PyTorch as cudaErrorInvalidValue) and does not
+  // stage it; cuMemcpyPeerAsync would.
+  if (r_from != State::Reach::ok || r_to != State::Reach::ok) return Result::invalid_value;
+  bool captured = false;
+  if (Result r = s_->capture_work(*s, &captured); r != Result::success || captured) return r;
   if (s_->backing) copy_data(*s_, to, from, bytes);
   s_->enqueue(*s, touches(to, AccessKind::write, touches(from, AccessKind::read)), "cuMemcpyAsync");
   return Result::success;
@@ -293,16 +378,22 @@ Result SimDriver::memcpy_peer_async(DevicePtr dst, int dst_device, DevicePtr src
                                     std::size_t bytes, StreamHandle stream) {
   GVM_SIM_ENTER(memcpy_peer_async);
   if (!s_->valid_device(dst_device) || !s_->valid_device(src_device)) return Result::invalid_device;
-  sim::Stream* s = s_->find_stream(dst_device, stream);
-  if (s == nullptr) return Result::invalid_handle;
+  GVM_SIM_STREAM(memcpy_peer_async, s, dst_device, stream);
+  // The interface's contract: a stream of dst_device (nullptr: its legacy one).
+  if (s->device != dst_device) return Result::invalid_handle;
   if (bytes == 0) return Result::success;
-  // The stream's device drives the copy, through peer access where it has it
-  // and staged through the owner where it does not.
+  GVM_SIM_CAPTURE(memcpy_peer_async, {dst_device, s, nullptr});
+  // dst_device drives the copy, through peer access where it has it and
+  // staged through the owner where it does not.
   std::vector<sim::Segment> from, to;
-  if (!s_->resolve(src, bytes, s->device, AccessKind::read, true, &from) ||
-      !s_->resolve(dst, bytes, s->device, AccessKind::write, true, &to)) {
+  if (s_->resolve(src, bytes, dst_device, AccessKind::read, State::Staging::any, &from) !=
+          State::Reach::ok ||
+      s_->resolve(dst, bytes, dst_device, AccessKind::write, State::Staging::any, &to) !=
+          State::Reach::ok) {
     return s_->die(Result::illegal_address);
   }
+  bool captured = false;
+  if (Result r = s_->capture_work(*s, &captured); r != Result::success || captured) return r;
   if (s_->backing) copy_data(*s_, to, from, bytes);
   s_->enqueue(*s, touches(to, AccessKind::write, touches(from, AccessKind::read)),
               "cuMemcpyPeerAsync");
@@ -314,9 +405,11 @@ Result SimDriver::memcpy_htod(int device, DevicePtr dst, const void* src, std::s
   if (!s_->valid_device(device)) return Result::invalid_device;
   if (bytes == 0) return Result::success;
   std::vector<sim::Segment> to;
-  if (src == nullptr || !s_->resolve(dst, bytes, device, AccessKind::write, true, &to)) {
+  if (src == nullptr || s_->resolve(dst, bytes, device, AccessKind::write, State::Staging::any,
+                                    &to) != State::Reach::ok) {
     return Result::invalid_value;
   }
+  GVM_SIM_CAPTURE(memcpy_htod, {device, nullptr, nullptr});
   if (s_->backing) s_->write(to, 0, src, bytes);
   sim::Stream& legacy = s_->streams.at(s_->devices[static_cast<std::size_t>(device)].legacy_stream);
   s_->enqueue(legacy, touches(to, AccessKind::write), "cuMemcpyHtoD");
@@ -330,9 +423,11 @@ Result SimDriver::memcpy_dtoh(int device, void* dst, DevicePtr src, std::size_t 
   if (!s_->valid_device(device)) return Result::invalid_device;
   if (bytes == 0) return Result::success;
   std::vector<sim::Segment> from;
-  if (dst == nullptr || !s_->resolve(src, bytes, device, AccessKind::read, true, &from)) {
+  if (dst == nullptr || s_->resolve(src, bytes, device, AccessKind::read, State::Staging::any,
+                                    &from) != State::Reach::ok) {
     return Result::invalid_value;
   }
+  GVM_SIM_CAPTURE(memcpy_dtoh, {device, nullptr, nullptr});
   if (s_->backing) {
     s_->read(from, 0, dst, bytes);
   } else {
@@ -349,12 +444,16 @@ Result SimDriver::memset_d8_async(int device, DevicePtr dst, unsigned char value
                                   StreamHandle stream) {
   GVM_SIM_ENTER(memset_d8_async);
   if (!s_->valid_device(device)) return Result::invalid_device;
-  sim::Stream* s = s_->find_stream(device, stream);
-  if (s == nullptr || s->device != device) return Result::invalid_handle;
+  GVM_SIM_STREAM(memset_d8_async, s, device, stream);
+  if (s->device != device) return Result::invalid_handle;
   if (bytes == 0) return Result::success;
+  GVM_SIM_CAPTURE(memset_d8_async, {device, s, nullptr});
+  bool captured = false;
+  if (Result r = s_->capture_work(*s, &captured); r != Result::success || captured) return r;
   std::vector<sim::Segment> to;
   // A memset is a kernel on `device`: no staging.
-  if (!s_->resolve(dst, bytes, device, AccessKind::write, false, &to)) {
+  if (s_->resolve(dst, bytes, device, AccessKind::write, State::Staging::none, &to) !=
+      State::Reach::ok) {
     return s_->die(Result::illegal_address);
   }
   if (s_->backing) {

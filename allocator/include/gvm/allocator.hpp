@@ -30,6 +30,10 @@ inline constexpr std::size_t kBlockAlignment = 512;
 // (CuPy's free carries none); the size check is then skipped.
 inline constexpr std::size_t kUnknownSize = static_cast<std::size_t>(-1);
 
+// A private pool (CUDA graphs, torch.cuda.MemPool): 0 is a device's default
+// pool; ids of pools made by create_pool are never reused.
+using PoolId = std::uint64_t;
+
 class Allocator {
  public:
   // Reads DeviceCaps of every device once; arenas are created on first use.
@@ -63,6 +67,56 @@ class Allocator {
   // interior pointer, a double free, a size or device that does not match;
   // then nothing changed.
   void deallocate(void* ptr, std::size_t bytes, int device, vmm::StreamHandle stream);
+
+  // The same, from private pool `pool` (0: the default pool, as above). A
+  // pool's blocks come from address space of its own and are reused only
+  // inside it. Throws usage_error for an unknown or released pool, or a
+  // pool of another device.
+  void* allocate(std::size_t bytes, int device, vmm::StreamHandle stream, PoolId pool);
+  // Frees `ptr` on the stream it was allocated on (other streams recorded
+  // on it are waited for as usual); the device from the address, the size
+  // not checked (PyTorch's raw_delete carries neither). Returns the bytes it
+  // was allocated with. Throws usage_error like the other deallocate.
+  std::size_t deallocate(void* ptr);
+  // The device whose memory holds ptr, or -1.
+  int device_of(const void* ptr) const;
+  // Exactly [addr, addr + bytes) of pool `pool` as a live block again,
+  // ordered on `stream`: it must lie in the pool's free memory (a CUDA graph
+  // pool restored to a checkpoint, PyTorch's setCheckpointPoolState).
+  // Throws usage_error otherwise, changing nothing.
+  void* allocate_at(void* addr, std::size_t bytes, vmm::StreamHandle stream, PoolId pool);
+
+  // --- private pools and CUDA graph capture -------------------------------
+  PoolId create_pool(int device);
+  // The pool's cached memory goes back now, and the rest as its last live
+  // blocks are freed; no allocation may name it again. usage_error for an
+  // unknown pool.
+  void release_pool(PoolId pool);
+  // The pool's cached memory goes back (empty_cache of one pool).
+  void trim_pool(PoolId pool);
+  // A CUDA graph capture into `pool` is under way on its device, from
+  // begin to end. Meanwhile gvmalloc does nothing capture forbids on that
+  // device: no event query, no synchronisation, no fence, no release (a
+  // growth that would need one fails with out_of_memory saying which setting
+  // to raise); a block freed outside the pool is kept from reuse until the
+  // last capture on the device ends (the graph may still use it); a block of
+  // the pool is reused inside it only by the stream that freed it (no wait
+  // on work outside the capture). trim and set_peer_policy refuse while a
+  // capture is under way.
+  void begin_capture(PoolId pool);
+  void end_capture(PoolId pool);
+
+  // --- the reserve cap and statistics, per device -------------------------
+  // memory_fraction of one device at run time (0 < f <= 1), over the
+  // config's; the smaller of it and max_reserved holds. Cached memory above
+  // a lowered cap goes back at the next growth.
+  void set_memory_fraction(int device, double fraction);
+  double memory_fraction(int device) const;  // 0: none set
+  // Peaks start again from what is live and reserved now.
+  void reset_peak_stats(int device);
+  // The largest block a request could get from cached (mapped, free)
+  // memory of `device`'s default pool without growing.
+  std::size_t largest_cached_block(int device) const;
 
   // The block `ptr` is also used on `stream`: its free waits for that work.
   // Throws usage_error for a pointer that is not a live block.

@@ -79,10 +79,12 @@ struct Config {
 };
 
 // Parses "key:value,..." over `base`. Empty text returns `base`.
-// Throws config_error naming the key (and the value) that is wrong.
+// Throws config_error naming the key (and the value) that is wrong; the
+// message does not say where the text came from (the caller knows).
 Config parse_config(std::string_view text, Config base = {});
 
-// parse_config(getenv("GVM_CONF")) or defaults when unset.
+// parse_config(getenv("GVM_CONF")) or defaults when unset. Its errors start
+// with "GVM_CONF: ".
 Config config_from_env();
 
 // "per_allocation" etc.

@@ -29,6 +29,8 @@
 #include <stdint.h>
 #include <sys/types.h> /* ssize_t (gvmalloc is Linux-only, like its dlopen of libcuda.so.1) */
 
+#include "gvm/device_stats_fields.h"
+
 #define GVM_API __attribute__((visibility("default")))
 
 #ifdef __cplusplus
@@ -82,6 +84,11 @@ GVM_API gvm_status gvm_free(void* ptr, size_t size, int device, void* stream);
 
 /* The block `ptr` is also used on `stream`: its free waits for that work. */
 GVM_API gvm_status gvm_record_stream(void* ptr, void* stream);
+/* The stream is being destroyed: gvmalloc never uses its handle again, and a
+ * new stream that gets the same handle is a new stream (gvm::Allocator::
+ * forget_stream). Call it before or right after cuStreamDestroy. A stream
+ * gvmalloc never saw is ignored; without a running allocator, nothing to do. */
+GVM_API gvm_status gvm_forget_stream(void* stream);
 
 /* ---- peer scratch (docs/peer-access.md) ----------------------------------
  * A block in `device`'s scratch buffer, which the peers admitted by the peer
@@ -154,25 +161,18 @@ GVM_API const char* gvm_status_name(gvm_status status);
  * GVM_ERROR_INVALID_ARGUMENT: call with (NULL, 0, &needed) to learn the size. */
 GVM_API gvm_status gvm_stats_json(char* buf, size_t buf_size, size_t* needed);
 
-/* Mirrors gvm::DeviceStats (stats.hpp). Named with _t because C gives a type
- * and a function one namespace: gvm_device_stats is the function. */
+/* Mirrors gvm::DeviceStats (stats.hpp): both come from the one table of
+ * device_stats_fields.h. Named with _t because C gives a type and a function
+ * one namespace: gvm_device_stats is the function. */
 typedef struct gvm_device_stats_t {
-  int device;
-  size_t live_bytes;     /* handed out to callers (requested sizes rounded up) */
-  size_t reserved_bytes; /* physically mapped (arena + scratch) */
-  size_t cached_bytes;   /* reserved but not live */
-  size_t peak_live_bytes;
-  size_t peak_reserved_bytes;
-  size_t scratch_reserved_bytes; /* part of reserved_bytes */
-  uint64_t allocations;
-  uint64_t frees;
-  uint64_t cache_hits; /* allocations served without growing */
-  uint64_t chunks_mapped;
-  uint64_t chunks_unmapped;
-  uint64_t oom_retries;
-  uint64_t fences;
-  uint64_t cross_stream_waits; /* blocks handed to another stream behind an event */
+#define GVM_STATS_C_MEMBER(type, name, doc) type name;
+  GVM_DEVICE_STATS_FIELDS(GVM_STATS_C_MEMBER)
+#undef GVM_STATS_C_MEMBER
 } gvm_device_stats_t;
+
+/* The table itself, for bindings that build their view at run time (the
+ * Python package): one line per field, "type name doc", in order. */
+GVM_API const char* gvm_device_stats_schema(void);
 
 /* The counters of `device`. GVM_ERROR_INVALID_ARGUMENT for a NULL `out` or a
  * device that does not exist. */

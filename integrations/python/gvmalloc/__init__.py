@@ -1,14 +1,14 @@
 """gvmalloc for Python: the virtual-memory GPU allocator behind PyTorch and CuPy.
 
     import gvmalloc.torch
-    gvmalloc.torch.enable()          # before the first CUDA tensor
+    gvmalloc.torch.enable()          # before the first CUDA tensor (the native backend)
     ...
     gvmalloc.stats()["devices"][0]["peak_reserved_bytes"]
 
 The allocator is one per process, in libgvmalloc.so (found as _lib.py says).
 This module wraps its C ABI (gvm.h; docs/c-api.md): lifecycle, statistics,
-trimming, peer policy. gvmalloc.torch and gvmalloc.cupy plug it into the
-frameworks (docs/pytorch.md, docs/cupy.md). Importing this package loads
+trimming, peer policy. gvmalloc.torch, gvmalloc.cupy and gvmalloc.numba plug it
+into the frameworks (docs/pytorch.md, docs/cupy.md, docs/numba.md). Importing this package loads
 nothing: the library is loaded by the first call that needs it.
 """
 
@@ -16,10 +16,12 @@ import ctypes
 import json
 
 from . import _lib
-from ._lib import GvmError, LibraryNotFound, OutOfMemoryError, library_path
+from ._lib import GvmError, LibraryNotFound, OutOfMemoryError, TorchBackendNotFound, library_path
+from ._torch_backend import TorchBackendError, TorchVersionMismatch
 
 __all__ = [
-    "GvmError", "LibraryNotFound", "OutOfMemoryError", "library_path",
+    "GvmError", "LibraryNotFound", "OutOfMemoryError", "TorchBackendNotFound",
+    "TorchBackendError", "TorchVersionMismatch", "library_path",
     "init", "init_simulated", "shutdown", "is_initialized", "ensure_initialized",
     "malloc", "free", "scratch_malloc", "record_stream",
     "stats", "memory_snapshot", "device_stats", "memory_reserved", "max_memory_reserved",
@@ -169,7 +171,7 @@ def device_stats(device=None):
     """The counters of one device (gvm_device_stats) as a dict; zeros before the allocator starts."""
     index = _device_index(device)
     lib = _lib.load()
-    s = _lib.DeviceStats()
+    s = _lib.device_stats_type(lib)()
     if not lib.gvm_is_initialized():
         s.device = index
         return s.to_dict()

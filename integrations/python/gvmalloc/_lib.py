@@ -12,6 +12,11 @@ Failing all of these, LibraryNotFound names every place it looked.
 PyTorch's CUDAPluggableAllocator dlopen()s the library by path; it must be the
 same file this module loaded, so that both see one allocator: library_path()
 is that path.
+
+gvmalloc's PyTorch backend, libgvmalloc_torch.so, is found the same way
+(find_torch_backend): $GVMALLOC_TORCH_LIBRARY, else first beside the
+libgvmalloc.so that was loaded (the build writes and installs it there), then
+the places above.
 """
 
 import ctypes
@@ -19,6 +24,7 @@ import os
 import threading
 
 _NAMES = ("libgvmalloc.so", "libgvmalloc.so.0")
+TORCH_BACKEND_NAMES = ("libgvmalloc_torch.so",)
 
 # gvm_status values (gvm.h), in order.
 STATUS_NAMES = (
@@ -63,17 +69,21 @@ def _install_libdir():
     return getattr(_install_paths, "LIBDIR", None)
 
 
-def candidates(environ=None, package_dir=None, install_libdir=None):
+def candidates(environ=None, package_dir=None, install_libdir=None, names=_NAMES,
+               env_var="GVMALLOC_LIBRARY", first_dirs=()):
     """The library paths to try, in order, and whether the first is from the environment.
 
-    Pure (looks at no file), so that the search order can be tested.
+    names: the file names to look for in each directory; env_var: the variable
+    that, when set, is the only candidate; first_dirs: directories looked in
+    before the package's. Pure (looks at no file), so that the search order can
+    be tested.
     """
     environ = os.environ if environ is None else environ
-    env = environ.get("GVMALLOC_LIBRARY")
+    env = environ.get(env_var)
     if env:
         return [env], True
     package_dir = package_dir or os.path.dirname(os.path.abspath(__file__))
-    dirs = [package_dir]
+    dirs = list(first_dirs) + [package_dir]
     d = package_dir
     for _ in range(3):
         d = os.path.dirname(d)
@@ -82,11 +92,32 @@ def candidates(environ=None, package_dir=None, install_libdir=None):
         dirs.append(install_libdir)
     paths = []
     for d in dirs:
-        for name in _NAMES:
+        for name in names:
             p = os.path.join(d, name)
             if p not in paths:
                 paths.append(p)
     return paths, False
+
+
+def _find(paths, from_env, env_var, filename, not_found_help, title=None, error=None):
+    error = error or LibraryNotFound
+    title = title or filename
+    if from_env:
+        p = paths[0]
+        if os.path.isfile(p):
+            return os.path.realpath(p)
+        if os.path.isdir(p):
+            raise error(
+                "gvmalloc: %s is set to %r, which is a directory; set it to "
+                "the library file (e.g. %s)" % (env_var, p, os.path.join(p, filename)))
+        raise error(
+            "gvmalloc: %s is set to %r, which does not exist; set it to the "
+            "path of %s, or unset it to search next to the package" % (env_var, p, filename))
+    for p in paths:
+        if os.path.isfile(p):
+            return os.path.realpath(p)
+    raise error("gvmalloc: %s not found. Looked in:\n  %s\n%s"
+                % (title, "\n  ".join(paths), not_found_help))
 
 
 def find_library(environ=None, package_dir=None, install_libdir=None):
@@ -94,25 +125,32 @@ def find_library(environ=None, package_dir=None, install_libdir=None):
     if install_libdir is None:
         install_libdir = _install_libdir()
     paths, from_env = candidates(environ, package_dir, install_libdir)
-    if from_env:
-        p = paths[0]
-        if os.path.isfile(p):
-            return os.path.realpath(p)
-        if os.path.isdir(p):
-            raise LibraryNotFound(
-                "gvmalloc: GVMALLOC_LIBRARY is set to %r, which is a directory; set it to "
-                "the library file (e.g. %s)" % (p, os.path.join(p, _NAMES[0])))
-        raise LibraryNotFound(
-            "gvmalloc: GVMALLOC_LIBRARY is set to %r, which does not exist; set it to the "
-            "path of libgvmalloc.so, or unset it to search next to the package" % p)
-    for p in paths:
-        if os.path.isfile(p):
-            return os.path.realpath(p)
-    raise LibraryNotFound(
-        "gvmalloc: libgvmalloc.so not found. Looked in:\n  %s\n"
-        "Set GVMALLOC_LIBRARY to the library's path (a build tree has it at "
-        "<build>/allocator/libgvmalloc.so), or install gvmalloc with cmake --install."
-        % "\n  ".join(paths))
+    return _find(paths, from_env, "GVMALLOC_LIBRARY", _NAMES[0],
+                 "Set GVMALLOC_LIBRARY to the library's path (a build tree has it at "
+                 "<build>/allocator/libgvmalloc.so), or install gvmalloc with cmake --install.")
+
+
+class TorchBackendNotFound(LibraryNotFound):
+    """libgvmalloc_torch.so (gvmalloc's PyTorch backend) was not found or not built."""
+
+
+def find_torch_backend(environ=None, package_dir=None, install_libdir=None, beside=None):
+    """The path of libgvmalloc_torch.so: $GVMALLOC_TORCH_LIBRARY, else beside the file
+    `beside` (the loaded libgvmalloc.so), then where libgvmalloc.so is looked for.
+    TorchBackendNotFound naming every place looked in and how to build it."""
+    if install_libdir is None:
+        install_libdir = _install_libdir()
+    first = [os.path.dirname(beside)] if beside else []
+    paths, from_env = candidates(environ, package_dir, install_libdir, TORCH_BACKEND_NAMES,
+                                 "GVMALLOC_TORCH_LIBRARY", first)
+    return _find(paths, from_env, "GVMALLOC_TORCH_LIBRARY", TORCH_BACKEND_NAMES[0],
+                 "It is built with gvmalloc when python3 can import torch at configure time "
+                 "(cmake then says \"gvmalloc's PyTorch backend: built for torch <version>\", "
+                 "else why it was skipped): cmake --build <build> --target gvmalloc_torch. "
+                 "Or set GVMALLOC_TORCH_LIBRARY to its path, or use "
+                 "gvmalloc.torch.enable(backend=\"pluggable\").",
+                 title=TORCH_BACKEND_NAMES[0] + " (gvmalloc's PyTorch backend)",
+                 error=TorchBackendNotFound)
 
 
 _P = ctypes.c_void_p
@@ -123,29 +161,27 @@ _STATUS = ctypes.c_int
 _STR = ctypes.c_char_p
 
 
-class DeviceStats(ctypes.Structure):
-    """gvm_device_stats_t (gvm.h), field for field."""
+_CTYPES = {"int": ctypes.c_int, "size_t": ctypes.c_size_t, "uint64_t": ctypes.c_uint64}
 
-    _fields_ = [
-        ("device", ctypes.c_int),
-        ("live_bytes", ctypes.c_size_t),
-        ("reserved_bytes", ctypes.c_size_t),
-        ("cached_bytes", ctypes.c_size_t),
-        ("peak_live_bytes", ctypes.c_size_t),
-        ("peak_reserved_bytes", ctypes.c_size_t),
-        ("scratch_reserved_bytes", ctypes.c_size_t),
-        ("allocations", ctypes.c_uint64),
-        ("frees", ctypes.c_uint64),
-        ("cache_hits", ctypes.c_uint64),
-        ("chunks_mapped", ctypes.c_uint64),
-        ("chunks_unmapped", ctypes.c_uint64),
-        ("oom_retries", ctypes.c_uint64),
-        ("fences", ctypes.c_uint64),
-        ("cross_stream_waits", ctypes.c_uint64),
-    ]
 
-    def to_dict(self):
-        return {name: getattr(self, name) for name, _ in self._fields_}
+def device_stats_type(lib):
+    """gvm_device_stats_t as a ctypes Structure, built from the library's own
+    table (gvm_device_stats_schema: allocator/include/gvm/device_stats_fields.h),
+    so that the Python view has exactly the library's fields."""
+    global _DEVICE_STATS
+    if _DEVICE_STATS is None:
+        fields = []
+        for line in lib.gvm_device_stats_schema().decode().splitlines():
+            ctype, name = line.split(" ", 2)[:2]
+            fields.append((name, _CTYPES[ctype]))
+        _DEVICE_STATS = type("DeviceStats", (ctypes.Structure,), {
+            "_fields_": fields,
+            "to_dict": lambda self: {n: getattr(self, n) for n, _ in self._fields_},
+        })
+    return _DEVICE_STATS
+
+
+_DEVICE_STATS = None
 
 
 # name: (restype, argtypes)
@@ -156,7 +192,9 @@ _PROTOTYPES = {
     "gvm_is_initialized": (_INT, []),
     "gvm_malloc": (_P, [_SIZE, _INT, _P]),
     "gvm_free": (_STATUS, [_P, _SIZE, _INT, _P]),
+    "gvm_device_stats_schema": (_STR, []),
     "gvm_record_stream": (_STATUS, [_P, _P]),
+    "gvm_forget_stream": (_STATUS, [_P]),
     "gvm_scratch_malloc": (_P, [_SIZE, _INT, _P]),
     "gvm_record_stream_on": (_STATUS, [_P, _P, _INT]),
     "gvm_set_peer_policy": (_STATUS, [_STR]),
@@ -173,7 +211,7 @@ _PROTOTYPES = {
     "gvm_clear_last_error": (None, []),
     "gvm_status_name": (_STR, [_STATUS]),
     "gvm_stats_json": (_STATUS, [ctypes.c_char_p, _SIZE, ctypes.POINTER(_SIZE)]),
-    "gvm_device_stats": (_STATUS, [_INT, ctypes.POINTER(DeviceStats)]),
+    "gvm_device_stats": (_STATUS, [_INT, _P]),  # a device_stats_type(lib) instance
 }
 
 _lock = threading.Lock()

@@ -42,7 +42,8 @@ def malloc(size):
         return _cupy.cuda.MemoryPointer(_cupy.cuda.memory.Memory(0), 0)
     lib = _lib.load()
     device = _cupy.cuda.runtime.getDevice()
-    stream = _cupy.cuda.get_current_stream().ptr
+    stream_obj = _cupy.cuda.get_current_stream()
+    stream = stream_obj.ptr
     ptr = lib.gvm_cupy_malloc(stream, size, device)
     if not ptr:
         err = _lib.error()
@@ -53,8 +54,39 @@ def malloc(size):
                 size, _gvm.memory_allocated(device)) from err
         raise err
     owner = _Block()
-    weakref.finalize(owner, lib.gvm_cupy_free, stream, ptr, device).atexit = False
+    # The finalizer holds the Stream object: CuPy destroys a stream when its
+    # object dies, and gvmalloc may use a stream's handle until told it is
+    # gone (gvm_forget_stream), so a stream outlives the blocks freed on it.
+    weakref.finalize(owner, _free, lib, stream_obj, ptr, device).atexit = False
+    _watch(lib, stream_obj)
     return _cupy.cuda.MemoryPointer(_cupy.cuda.UnownedMemory(ptr, size, owner, device), 0)
+
+
+def _free(lib, stream_obj, ptr, device):
+    lib.gvm_cupy_free(stream_obj.ptr, ptr, device)
+
+
+_watched = {}  # id(stream object) -> its finalizer, for streams CuPy destroys
+
+
+def _watch(lib, stream_obj):
+    """gvm_forget_stream(handle) when CuPy's Stream object dies (CuPy destroys the
+    stream then): a later stream with the same handle is then a new stream to
+    gvmalloc. The null and per-thread streams are never destroyed."""
+    handle = stream_obj.ptr
+    if handle in (0, 1, 2) or id(stream_obj) in _watched:
+        return
+    try:
+        f = weakref.finalize(stream_obj, _forget, lib, handle, id(stream_obj))
+    except TypeError:  # a stream object without weak references: nothing to hook
+        return
+    f.atexit = False
+    _watched[id(stream_obj)] = f
+
+
+def _forget(lib, handle, key):
+    _watched.pop(key, None)
+    lib.gvm_forget_stream(handle)
 
 
 def enable(route="stream", conf=None):

@@ -1,12 +1,15 @@
 """gvmalloc inside PyTorch (docs/pytorch.md).
 
 Two ways in:
-  enable()      every CUDA tensor of the process comes from gvmalloc
-                (torch.cuda.memory.change_current_allocator); call it before the
-                first CUDA tensor is created.
-  mem_pool()    a torch.cuda.MemPool whose segments come from gvmalloc, for the
-                allocations made under torch.cuda.use_mem_pool(pool); the rest
-                of the program keeps PyTorch's allocator.
+  enable()      every CUDA tensor of the process comes from gvmalloc; call it
+                before the first CUDA tensor is created. By default this is
+                gvmalloc's PyTorch backend (libgvmalloc_torch.so, a complete
+                PyTorch CUDA allocator: record_stream, CUDA graphs, MemPool,
+                memory statistics and snapshots, torch.OutOfMemoryError);
+                enable(backend="pluggable") is the older route through
+                torch.cuda.memory.CUDAPluggableAllocator, which loses most of that.
+  mem_pool()    a torch.cuda.MemPool whose memory comes from gvmalloc, for the
+                allocations made under torch.cuda.use_mem_pool(pool).
 and scratch_tensor(): a tensor in a device's peer scratch buffer, which the
 peers admitted by the peer policy may read directly (docs/peer-access.md).
 """
@@ -15,6 +18,7 @@ import math
 import os
 import sys
 import threading
+import warnings
 import weakref
 
 try:
@@ -24,10 +28,10 @@ except ImportError as _e:  # pragma: no cover - depends on the machine
                       "install torch, or use gvmalloc without it" % _e) from _e
 
 import gvmalloc as _gvm
-from gvmalloc import _lib
+from gvmalloc import _lib, _torch_backend
 
-__all__ = ["enable", "is_enabled", "pluggable_allocator", "mem_pool", "scratch_tensor",
-           "record_stream"]
+__all__ = ["enable", "is_enabled", "backend", "backend_info", "pluggable_allocator", "mem_pool",
+           "scratch_tensor", "record_stream", "PLUGGABLE_LOSES"]
 
 _TOO_LATE = ("gvmalloc.torch.enable(): PyTorch's CUDA allocator is already in use in this "
              "process (%s), and PyTorch cannot change its allocator once it has started. "
@@ -35,8 +39,21 @@ _TOO_LATE = ("gvmalloc.torch.enable(): PyTorch's CUDA allocator is already in us
              "thing after import torch), or use gvmalloc.torch.mem_pool() for part of a "
              "program.")
 
+# What a program loses with enable(backend="pluggable"), PyTorch's
+# CUDAPluggableAllocator handing gvmalloc only malloc and free.
+PLUGGABLE_LOSES = (
+    "Tensor.record_stream is ignored (a block is reused while another stream still reads it)",
+    "CUDA graphs (torch.cuda.graph, make_graphed_callables, torch.compile "
+    "mode=\"reduce-overhead\") fail during capture",
+    "torch.backends.cudnn.benchmark=True raises (no cacheInfo)",
+    "torch.cuda.memory_stats / memory_reserved / max_memory_allocated / memory_summary / "
+    "memory._snapshot report nothing",
+    "running out of memory is not raised as torch.OutOfMemoryError",
+    "set_per_process_memory_fraction, empty_cache and reset_peak_memory_stats do nothing",
+)
+
 _lock = threading.Lock()
-_enabled = None  # (CUDAPluggableAllocator, conf) once enable() has succeeded
+_enabled = None  # (backend name, conf, handle) once enable() has succeeded
 
 
 def pluggable_allocator(for_pool=False):
@@ -69,64 +86,118 @@ def is_enabled():
     return _enabled is not None
 
 
-def enable(conf=None):
+def backend():
+    """"native" (gvmalloc's PyTorch backend), "pluggable", or None before enable()."""
+    return None if _enabled is None else _enabled[0]
+
+
+def backend_info():
+    """The native backend's library, the torch it was built for, and which parts of
+    gvmalloc's API it uses (capabilities); None unless enable() installed it."""
+    return _torch_backend.info()
+
+
+def _start(conf):
+    """Starts gvmalloc with `conf` over GVM_CONF (written back for child processes)."""
+    if conf is not None and _gvm.is_initialized():
+        raise RuntimeError("gvmalloc.torch.enable(conf=%r): gvmalloc is already running "
+                           "(started by an earlier gvmalloc call), so conf cannot apply; "
+                           "pass it to the first gvmalloc call instead" % conf)
+    saved = os.environ.get("GVM_CONF")
+    if conf is not None:
+        os.environ["GVM_CONF"] = _gvm.merge_conf(saved, conf)
+    try:
+        _gvm.ensure_initialized()
+    except BaseException:
+        if conf is not None:  # leave the environment as it was
+            if saved is None:
+                os.environ.pop("GVM_CONF", None)
+            else:
+                os.environ["GVM_CONF"] = saved
+        raise
+
+
+def enable(conf=None, backend="native"):
     """Makes gvmalloc PyTorch's CUDA allocator for the rest of the process.
 
     conf: GVM_CONF text ("key:value,...", docs/config.md) applied over GVM_CONF;
     it is also written back into os.environ["GVM_CONF"] so that child processes
     (DataLoader workers, spawned ranks) run with the same configuration.
     The allocator starts here, so a bad config raises GvmError now rather than
-    failing the first allocation. Calling enable() again is a no-op (with a
-    different conf it is an error). Returns the CUDAPluggableAllocator.
+    failing the first allocation.
 
-    Raises RuntimeError when PyTorch's allocator is already in use.
+    backend: "native" (the default), gvmalloc's PyTorch backend, libgvmalloc_torch.so,
+    built with gvmalloc for the installed torch; or "pluggable", PyTorch's
+    CUDAPluggableAllocator over the C ABI, which needs no build against torch but
+    loses what PLUGGABLE_LOSES lists (a warning says so).
+
+    Calling enable() again with the same arguments is a no-op; with another conf or
+    backend it is an error. Returns None for "native", the CUDAPluggableAllocator for
+    "pluggable".
+
+    Raises RuntimeError when PyTorch's allocator is already in use,
+    gvmalloc.TorchBackendNotFound when the backend is not built,
+    gvmalloc.torch_backend errors (TorchVersionMismatch naming both versions) when
+    it was built for another torch.
     """
     global _enabled
+    if backend not in ("native", "pluggable"):
+        raise ValueError("gvmalloc.torch.enable(backend=%r): backend is \"native\" or "
+                         "\"pluggable\"" % (backend,))
     with _lock:
         if _enabled is not None:
+            if backend != _enabled[0]:
+                raise RuntimeError("gvmalloc.torch.enable(backend=%r): already enabled with "
+                                   "backend %r; PyTorch's allocator cannot change while it runs"
+                                   % (backend, _enabled[0]))
             if conf is not None and conf != _enabled[1]:
                 raise RuntimeError("gvmalloc.torch.enable(): already enabled with conf %r; "
                                    "the configuration cannot change while it runs (asked: %r)"
                                    % (_enabled[1], conf))
-            return _enabled[0]
+            return _enabled[2]
+        if backend == "native":
+            if _torch.cuda.is_initialized():
+                raise RuntimeError(_TOO_LATE % "CUDA has started")
+            _start(conf)
+            try:
+                _torch_backend.install(_torch.__version__, _gvm.library_path())
+            except _torch_backend.TooLate as e:
+                raise RuntimeError(_TOO_LATE % e) from e
+            _enabled = ("native", conf, None)
+            return None
+        warnings.warn("gvmalloc.torch.enable(backend=\"pluggable\"): PyTorch's "
+                      "CUDAPluggableAllocator gives gvmalloc only malloc and free, so: "
+                      + "; ".join(PLUGGABLE_LOSES) + ". The native backend (the default) "
+                      "has all of it.", RuntimeWarning, stacklevel=2)
         why = _cuda_memory_in_use()
         if why is not None:
             raise RuntimeError(_TOO_LATE % why)
-        if conf is not None and _gvm.is_initialized():
-            raise RuntimeError("gvmalloc.torch.enable(conf=%r): gvmalloc is already running "
-                               "(started by an earlier gvmalloc call), so conf cannot apply; "
-                               "pass it to the first gvmalloc call instead" % conf)
-        saved = os.environ.get("GVM_CONF")
-        if conf is not None:
-            os.environ["GVM_CONF"] = _gvm.merge_conf(saved, conf)
-        try:
-            _gvm.ensure_initialized()
-        except BaseException:
-            if conf is not None:  # leave the environment as it was
-                if saved is None:
-                    os.environ.pop("GVM_CONF", None)
-                else:
-                    os.environ["GVM_CONF"] = saved
-            raise
+        _start(conf)
         allocator = pluggable_allocator()
         try:
             _torch.cuda.memory.change_current_allocator(allocator)
         except RuntimeError as e:
             raise RuntimeError(_TOO_LATE % ("torch: %s" % e)) from e
-        _enabled = (allocator, conf)
+        _enabled = ("pluggable", conf, allocator)
         return allocator
 
 
 def mem_pool(conf=None, **kwargs):
-    """A torch.cuda.MemPool backed by gvmalloc; use it with torch.cuda.use_mem_pool(pool).
+    """A torch.cuda.MemPool whose memory comes from gvmalloc; use it with
+    torch.cuda.use_mem_pool(pool).
 
-    PyTorch's caching allocator still manages the pool's blocks; gvmalloc supplies
-    its segments. When the pool dies (or torch.cuda.empty_cache() empties it), the
-    segments go back to gvmalloc and their memory to the driver.
+    With the native backend enabled, a plain torch.cuda.MemPool() is already
+    gvmalloc's (one of its private pools), and that is what this returns.
+    Otherwise PyTorch's caching allocator manages the pool's blocks and gvmalloc
+    supplies its segments (CUDAPluggableAllocator); when the pool dies (or
+    torch.cuda.empty_cache() empties it), the segments go back to gvmalloc and
+    their memory to the driver.
     conf: as for enable(); applies only if gvmalloc is not running yet.
     kwargs: passed to torch.cuda.MemPool (use_on_oom, no_split, ...).
     """
     _gvm.ensure_initialized(conf)
+    if backend() == "native":
+        return _torch.cuda.MemPool(**kwargs)
     return _torch.cuda.MemPool(pluggable_allocator(for_pool=True).allocator(), **kwargs)
 
 
@@ -199,8 +270,9 @@ def record_stream(tensor, stream):
     """The gvmalloc block under `tensor` is also used on `stream` (a torch.cuda.Stream,
     of any device): its free waits for that stream's work queued so far.
 
-    PyTorch's Tensor.record_stream does not reach a CUDAPluggableAllocator; this does,
-    for tensors from enable() and from scratch_tensor().
+    With the native backend Tensor.record_stream does this itself (for tensors
+    from PyTorch's allocator); this is for scratch_tensor() tensors, and for
+    enable(backend="pluggable"), where Tensor.record_stream never reaches gvmalloc.
     """
     ptr = tensor.untyped_storage().data_ptr()
     _gvm.record_stream(ptr, stream.cuda_stream, stream.device.index)

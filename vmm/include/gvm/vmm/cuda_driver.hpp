@@ -12,10 +12,10 @@
 // only for the duration of the call and then restores whatever was current,
 // so the caller's notion of "current device" never changes under it.
 //
-// Stream conventions where the Driver interface does not name the device of a
-// nullptr (legacy default) stream: memcpy_peer_async uses src_device's.
-// import_shareable_handle takes a POSIX fd as the fd value cast to void*, the
-// way cuMemImportFromShareableHandle does; export writes an int to *out.
+// A nullptr stream is the legacy stream of the device the Driver interface
+// names for it (dst_device for memcpy_peer_async): that device's context is
+// the one made current for the call. The same object is a TestDriver
+// (test_driver.hpp: load_cuda_test_driver()).
 #pragma once
 
 #include <memory>

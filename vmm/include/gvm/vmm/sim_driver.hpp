@@ -6,17 +6,27 @@
 // machine with no GPU. Physical memory is metadata only unless backing is
 // enabled, so a simulated 141 GiB device costs no RAM.
 //
-// Hazards (MEASUREMENTS.md "Hazards"). Work on a stream is modelled as
+// It refuses what the real driver refuses and decides nothing the real one
+// would decide otherwise; where the real driver's behaviour is undefined it
+// fails loudly instead of carrying on.
+//
+// Hazards (docs/measurements.md "Hazards"). Work on a stream is modelled as
 // pending accesses to address ranges: enqueue_access() stands for a kernel,
 // and the copy entry points register their reads and writes. Nothing runs by
 // itself: an access stays pending until something synchronizes it (stream,
 // event, context, complete_all()). While an access is pending:
 //   - revoking the accessing device's access to the range (cuMemSetAccess
-//     with PROT_NONE) or unmapping the range kills the context with
-//     illegal_address, as measured for a revoke under a reading kernel;
+//     with PROT_NONE), unmapping the range or cuMemFree of it kills the
+//     context with illegal_address, as measured for a revoke under a reading
+//     kernel (cuMemFree is no implicit synchronization here);
 //   - disabling global peer access from the accessing device to the device
 //     that owns the memory kills it with launch_failed ("unspecified launch
-//     failure", as measured for a toggle under a queued peer copy).
+//     failure", as measured for a toggle under a queued peer copy);
+//   - on a device below compute capability 8.0 (P40, V100, T4), where the
+//     driver emulates per-range peer access with the global toggle
+//     (docs/peer-access.md), any cuMemSetAccess that changes peer D's access
+//     to a range of owner O kills it with launch_failed while D has work on
+//     any memory of O in flight, and costs a toggle (simulated_ns()).
 // An access the device has no right to at enqueue time (unmapped, not granted,
 // classic memory of a peer without peer access) kills it with
 // illegal_address. A dead context is sticky: every later driver call returns
@@ -30,6 +40,28 @@
 // recorded (races()), not fatal: they are what the allocator's stream-order
 // logic must never produce.
 //
+// Copies. cuMemcpyAsync runs on its stream's device, which must reach both
+// ranges itself: VMM memory that device was not granted (or was revoked
+// from) is invalid_value, validated up front, as the real driver answers;
+// classic memory of a peer without peer access is staged. cuMemcpyPeerAsync
+// stages whatever dst_device cannot reach through its owner; its stream must
+// be a stream of dst_device (invalid_handle otherwise), nullptr being
+// dst_device's legacy stream, as the Driver interface says.
+//
+// Streams. Handles are recycled as the real driver's are: the next
+// cuStreamCreate gets the most recently destroyed handle back (last in, first
+// out), with a new id (stream_get_id). A destroyed handle that has not come
+// back is dead: any call with it records a misuse report (misuse()) and kills
+// the context with context_is_destroyed, what an H200 answered to a
+// cuEventRecord on a destroyed stream (docs/measurements.md). Work still
+// pending on a destroyed stream stays pending until synchronized.
+//
+// Capture (stream_begin_capture .. stream_end_capture). Work put on a
+// capturing stream goes into the graph and does not run: it leaves nothing
+// pending and moves no data. What a capture forbids, in which mode, on which
+// thread, and whether the capture fails for it is one table,
+// vmm/src/sim_capture_rules.hpp, set from tools/gvm-driver-probe.
+//
 // Simplifications, all deliberate:
 //   - One mutex around everything; any thread may call anything.
 //   - Streams from stream_create behave as non-blocking streams: the legacy
@@ -38,12 +70,16 @@
 //     the legacy default stream of the device named in the call.
 //   - Copies move their data at enqueue time (when backing is on); hazards
 //     are tracked separately, on the pending accesses.
-//   - A copy between devices whose stream device cannot reach one side is
-//     staged by the owner of that side, as the driver does without peer access.
+//   - Synchronous copies (memcpy_htod/dtoh) are ordered on the legacy stream
+//     and complete on return; an unmapped range is invalid_value (validated
+//     up front), not a dead context.
 //   - A shareable handle holds no reference: importing the fd (or fabric
-//     handle) of an allocation that has been fully released fails.
+//     handle) of an allocation that has been fully released fails. A posix_fd
+//     export writes a fake descriptor, never a real one; fabric handles are
+//     64 bytes (CUmemFabricHandle).
 //   - Modules and kernel launches return not_supported: tests enqueue
 //     accesses instead.
+//   - Destroyed events are not tracked: using one is invalid_handle.
 #pragma once
 
 #include <array>
@@ -54,7 +90,7 @@
 #include <string_view>
 #include <vector>
 
-#include "gvm/vmm/driver.hpp"
+#include "gvm/vmm/test_driver.hpp"
 
 namespace gvm::vmm {
 
@@ -87,7 +123,7 @@ const char* profile_name(Profile p) noexcept;
 // The inverse of profile_name. Throws std::invalid_argument naming the text.
 Profile parse_profile(std::string_view name);
 
-class SimDriver final : public Driver {
+class SimDriver final : public TestDriver {
  public:
   // Throws std::invalid_argument for a profile with no memory or a
   // granularity that is not a power of two.
@@ -158,71 +194,27 @@ class SimDriver final : public Driver {
   std::uint64_t call_count(Call call) const;
   const DeviceProfile& device_profile(int device) const;
 
-  // --- Driver ---------------------------------------------------------------
-  Result device_count(int* count) override;
-  Result device_name(int device, std::string* name) override;
-  Result device_attribute(int device, DeviceAttribute attr, int* value) override;
-  Result device_total_memory(int device, std::size_t* bytes) override;
-  Result mem_get_info(int device, std::size_t* free_bytes, std::size_t* total_bytes) override;
-  Result allocation_granularity(int device, GranularityKind kind, std::size_t* bytes) override;
-  Result can_access_peer(int device, int peer, bool* can) override;
+  // Misuse the real driver does not answer with an error but with undefined
+  // behaviour (so far: a destroyed stream handle used again), one line each.
+  // Each also killed the context with context_is_destroyed.
+  std::vector<std::string> misuse() const;
+  std::size_t misuse_count() const;
+  void clear_misuse();
 
-  Result ctx_synchronize(int device) override;
-  Result enable_peer_access(int device, int peer) override;
-  Result disable_peer_access(int device, int peer) override;
+  // --- simulated time ---------------------------------------------------------
+  // What the calls of `call` so far would have cost on a GPU (sim_costs.hpp:
+  // the measured medians, 0 where nothing was measured), and all of them.
+  std::uint64_t simulated_ns(Call call) const;
+  std::uint64_t simulated_ns_total() const;
+  // Peer access changes a pre-Ampere driver made with the global toggle: one
+  // per peer whose access to an owner's range a cuMemSetAccess changed.
+  std::uint64_t emulated_peer_toggles() const;
 
-  Result address_reserve(std::size_t size, std::size_t alignment, DevicePtr* addr) override;
-  Result address_free(DevicePtr addr, std::size_t size) override;
-  Result mem_create(int device, std::size_t size, ShareableHandleType exportable,
-                    PhysHandle* handle) override;
-  Result mem_release(PhysHandle handle) override;
-  Result mem_map(DevicePtr addr, std::size_t size, PhysHandle handle) override;
-  Result mem_unmap(DevicePtr addr, std::size_t size) override;
-  Result mem_set_access(DevicePtr addr, std::size_t size, const AccessDesc* descs,
-                        std::size_t count) override;
-  Result mem_get_access(DevicePtr addr, int device, Access* access) override;
-  // posix_fd: *(int*)out receives a fake descriptor (never a real one).
-  // fabric: out points at 64 bytes (CUmemFabricHandle).
-  Result export_shareable_handle(PhysHandle handle, ShareableHandleType type, void* out) override;
-  // As in CUDA: for posix_fd, `shareable` is the descriptor itself cast to a
-  // pointer ((void*)(intptr_t)fd); for fabric, it points at the 64 bytes.
-  // The same handle comes back, with one more reference to release.
-  Result import_shareable_handle(void* shareable, ShareableHandleType type,
-                                 PhysHandle* handle) override;
-
-  Result mem_alloc(int device, std::size_t size, DevicePtr* addr) override;
-  // Like cuMemFree, completes the owner's pending work first (implicit sync).
-  Result mem_free(int device, DevicePtr addr) override;
-
-  Result stream_create(int device, StreamHandle* stream) override;
-  // Work still pending on a destroyed stream stays pending until synchronized.
-  Result stream_destroy(int device, StreamHandle stream) override;
-  Result stream_synchronize(int device, StreamHandle stream) override;
-  Result stream_wait_event(int device, StreamHandle stream, EventHandle event) override;
-  Result event_create(int device, EventHandle* event) override;
-  Result event_destroy(EventHandle event) override;
-  Result event_record(int device, EventHandle event, StreamHandle stream) override;
-  Result event_query(EventHandle event) override;
-  Result event_synchronize(EventHandle event) override;
-
-  Result memcpy_async(int device, DevicePtr dst, DevicePtr src, std::size_t bytes,
-                      StreamHandle stream) override;
-  // A null stream is the legacy default stream of dst_device.
-  Result memcpy_peer_async(DevicePtr dst, int dst_device, DevicePtr src, int src_device,
-                           std::size_t bytes, StreamHandle stream) override;
-  // Synchronous: ordered on the legacy stream, complete on return. An
-  // unmapped range is invalid_value (validated up front), not a dead context.
-  Result memcpy_htod(int device, DevicePtr dst, const void* src, std::size_t bytes) override;
-  Result memcpy_dtoh(int device, void* dst, DevicePtr src, std::size_t bytes) override;
-  Result memset_d8_async(int device, DevicePtr dst, unsigned char value, std::size_t bytes,
-                         StreamHandle stream) override;
-
-  Result module_load_data(int device, const char* ptx, ModuleHandle* module) override;
-  Result module_unload(int device, ModuleHandle module) override;
-  Result module_get_function(ModuleHandle module, const char* name,
-                             FunctionHandle* function) override;
-  Result launch_kernel(int device, FunctionHandle function, unsigned grid_x, unsigned block_x,
-                       StreamHandle stream, void** args) override;
+  // --- Driver and TestDriver --------------------------------------------------
+#define GVM_VMM_SIM_DECLARE(name, cu_name, params, args) Result name params override;
+  GVM_VMM_DRIVER_CALLS(GVM_VMM_SIM_DECLARE)
+  GVM_VMM_TEST_CALLS(GVM_VMM_SIM_DECLARE)
+#undef GVM_VMM_SIM_DECLARE
 
   struct State;  // sim_state.hpp
 

@@ -60,6 +60,33 @@ enum class GranularityKind : int { minimum = 0, recommended = 1 };
 // Same values as CUmemAllocationHandleType.
 enum class ShareableHandleType : int { none = 0, posix_fd = 1, fabric = 8 };
 
+// Same values as CUstreamCaptureStatus.
+enum class CaptureStatus : int { none = 0, active = 1, invalidated = 2 };
+
+// Same values as CUstreamCaptureMode. Which calls a capture forbids, and on
+// which threads: global forbids the unsafe calls on every thread, local_thread
+// (CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) on the capturing thread only, relaxed
+// on none (calls that conflict with the capture itself stay forbidden).
+enum class CaptureMode : int { global = 0, local_thread = 1, relaxed = 2 };
+
+// "none", "active", "invalidated"; "global", "thread_local", "relaxed".
+constexpr const char* capture_status_name(CaptureStatus s) noexcept {
+  switch (s) {
+    case CaptureStatus::none: return "none";
+    case CaptureStatus::active: return "active";
+    case CaptureStatus::invalidated: return "invalidated";
+  }
+  return "?";
+}
+constexpr const char* capture_mode_name(CaptureMode m) noexcept {
+  switch (m) {
+    case CaptureMode::global: return "global";
+    case CaptureMode::local_thread: return "thread_local";
+    case CaptureMode::relaxed: return "relaxed";
+  }
+  return "?";
+}
+
 // Kinds of access a test (or the simulated driver) enqueues on a stream.
 enum class AccessKind : int { read, write };
 
