@@ -100,6 +100,21 @@ void Heap::map_under(Block* b, std::vector<std::uint32_t>& counted, std::size_t 
   std::size_t need = 0;
   for (const auto& r : runs) need += r.second;
   if (need == 0) return;
+  if (grants_fenced_ && access_.size() > 1) {
+    // Pre-Ampere: granting the new chunk to the peers acts like toggling
+    // context peer access, which kills the context under in-flight peer
+    // work (docs/measurements.md, hazards): the same fence as an access
+    // change first.
+    if (device_.capturing())
+      device_.throw_oom(requested, "a CUDA graph capture: growing the peer scratch on this GPU "
+                                   "needs a fence the capture forbids");
+    WaitSet w = touching();
+    if (!device_.config().scratch_fence_tracked) {
+      for (const auto& a : access_) w.add_overflow(WaitSet::device_bit(a.device));
+      for (int i = 0; i < w.size(); ++i) w.add_overflow(WaitSet::device_bit(w[i].stream->device()));
+    }
+    device_.tracker().fence(w);
+  }
   std::vector<vmm::MappedChunk> made = device_.map_for(*this, runs, need, requested);
   {
     std::lock_guard<SpinLock> guard(lock_);

@@ -131,6 +131,10 @@ class Heap {
   // reads it under the shared one.
   const std::vector<vmm::AccessDesc>& access() const noexcept { return access_; }
   void set_access_list(std::vector<vmm::AccessDesc> a) { access_ = std::move(a); }
+  // A grant of a new chunk to peers is emulated by the driver as a global
+  // toggle (pre-Ampere: it races in-flight peer work like one): growth is
+  // then fenced like an access change. Set by the peer-access part.
+  void set_grants_fenced(bool on) noexcept { grants_fenced_ = on; }
   // The mapped chunks, for an access change. Hold chunks_lock() across the
   // change: no release drops a chunk meanwhile.
   std::vector<Run> chunk_ranges() const;
@@ -180,6 +184,7 @@ class Heap {
   const bool first_;  // the first heap of its device: the large region
   const std::size_t small_max_;
   std::vector<vmm::AccessDesc> access_;
+  bool grants_fenced_ = false;
 
   mutable SpinLock lock_;
   std::mutex growing_;

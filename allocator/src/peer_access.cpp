@@ -66,7 +66,17 @@ Heap& PeerAccess::scratch(int device) {
   if (Heap* h = d.existing_scratch(); h != nullptr) return *h;
   for (int p = 0; p < static_cast<int>(n_); ++p)
     if (policy(device, p) == PeerPolicy::global) enable_global(p, device);
-  return d.scratch(scratch_access(device, policy_));
+  Heap& h = d.scratch(scratch_access(device, policy_));
+  h.set_grants_fenced(grants_emulated(h.access()));
+  return h;
+}
+
+bool PeerAccess::grants_emulated(const std::vector<vmm::AccessDesc>& access) const {
+  // Per-range peer access is emulated in software below compute capability
+  // 8.0 (the reason for the `global` policy, peer_policy.hpp).
+  for (const auto& a : access)
+    if (caps_[static_cast<std::size_t>(a.device)].cc_major < 8) return true;
+  return false;
 }
 
 void PeerAccess::apply_access(Heap& h, const std::vector<vmm::AccessDesc>& access) {
@@ -99,6 +109,7 @@ void PeerAccess::apply_access(Heap& h, const std::vector<vmm::AccessDesc>& acces
     }
   }
   h.set_access_list(access);
+  h.set_grants_fenced(grants_emulated(access));
 }
 
 void PeerAccess::set_policy(PeerPolicy requested) {

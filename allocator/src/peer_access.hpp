@@ -50,6 +50,7 @@ class PeerAccess {
  private:
   std::vector<vmm::AccessDesc> scratch_access(int owner, const std::vector<PeerPolicy>& m) const;
   void enable_global(int peer, int owner);  // exclusive lock() held
+  bool grants_emulated(const std::vector<vmm::AccessDesc>& access) const;
   // Sets `access` on every chunk of h; on a failure part-way the chunks
   // changed go back, then DriverError.
   void apply_access(Heap& h, const std::vector<vmm::AccessDesc>& access);

@@ -661,6 +661,43 @@ TEST_F(SimAllocatorTest, DestroyedStreamDoesNotPoisonTheBlocksItUsed) {
   }
 }
 
+// A stream destroyed with work queued, whose handle the driver then gives to
+// a new stream (the simulated driver recycles handles as the real one does):
+// once forgotten (as the CuPy and Numba integrations do), the old stream's
+// blocks are waited for before the new stream reuses them, and a trim never
+// touches the dead handle. Before forget_stream existed the trim recorded an
+// event on the dead handle (one H200 with CuPy: CUresult 709) and the new
+// stream reused the blocks at once.
+TEST_F(SimAllocatorTest, RecycledHandleOfAForgottenStreamIsANewStream) {
+  for (bool small : {false, true}) {
+    SCOPED_TRACE(small ? "small" : "large");
+    Allocator& a = make(tiny());
+    StreamHandle s = nullptr;
+    ASSERT_TRUE(ok(sim().stream_create(0, &s)));
+    const std::size_t n = small ? 4096 : 3 * kMiB;
+    void* p = a.allocate(n, 0, s);
+    ASSERT_TRUE(ok(sim().enqueue_access(0, s, dptr(p), n, AccessKind::write)));
+    a.deallocate(p, n, 0, s);  // s's write is still pending
+    a.forget_stream(s);
+    ASSERT_TRUE(ok(sim().stream_destroy(0, s)));
+    StreamHandle again = nullptr;
+    ASSERT_TRUE(ok(sim().stream_create(0, &again)));
+    ASSERT_EQ(again, s) << "the simulated driver hands the handle out again";
+    void* q = a.allocate(n, 0, again);
+    ASSERT_TRUE(ok(sim().enqueue_access(0, again, dptr(q), n, AccessKind::write)));
+    EXPECT_EQ(sim().race_count(), 0u) << first_race(sim());
+    a.deallocate(q, n, 0, again);
+    EXPECT_NO_THROW(a.trim());
+    EXPECT_EQ(sim().misuse_count(), 0u);
+    EXPECT_EQ(sim().sticky_error(), Result::success);
+    EXPECT_TRUE(invariants());
+    alloc_.reset();
+    (void)sim().stream_destroy(0, again);
+    sim().complete_all();
+    sim().clear_races();
+  }
+}
+
 // More streams on one block than StreamTags keeps inline (it then means
 // "every stream of the device"): streams that only read the block and were
 // recorded on it, never allocating, must still be waited for.
