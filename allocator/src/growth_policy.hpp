@@ -51,9 +51,9 @@ class GrowthPolicy {
   // below it (releasing on every growth of the mixed workload: 9,280 chunk
   // maps in 2M operations - driver churn). It used to need a growth of one
   // whole chunk too, which kept heaps under a few GiB from ever releasing
-  // (BERT's trace: 0 chunks unmapped, 1.377 reserved/live; now 1.135, 318
-  // chunks mapped; the synthetic mixed trace: 539 mapped, 22 fences in 42k
-  // operations against 408 and 0; docs/design-notes.md, "Fragmentation").
+  // (BERT's trace: 0 chunks unmapped, 1.377 reserved/live; with this rule and
+  // the cold size classes 1.102, at 428 chunks mapped instead of 88:
+  // docs/design-notes.md, "Fragmentation").
   static constexpr std::size_t kReleaseGrowthFraction = 128;
 
   GrowthPolicy(const Config& config, std::size_t device_memory) noexcept
