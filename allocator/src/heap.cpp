@@ -618,6 +618,15 @@ void* Heap::allocate_small(std::size_t bytes) {
 }
 
 void* Heap::allocate_small_slow(int cls, std::size_t bytes) {
+  bool cold = false;
+  {
+    std::lock_guard<SpinLock> guard(lock_);
+    cold = small_.cold(cls, device_.config().span_warmup_allocations);
+  }
+  // A class still cold is served best fit by the large arena: a span
+  // commits a whole granule to one class of this stream, which a class of
+  // a few blocks mostly wastes (docs/design-notes.md, "Fragmentation").
+  if (cold) return allocate_large(bytes, *stream());
   // No free slot in any span of the class: a new span (its granule from this
   // heap's arena or lent by another, with the lock released), whose first
   // slot is ours (counted there, under the lock that took it).

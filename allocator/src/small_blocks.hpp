@@ -51,6 +51,15 @@ class SmallBlocks {
   void release_span(Span* s);
   // Every unused span (spares, current, partial): for trim and OOM.
   std::vector<Span*> unused_spans() const;
+  // True while class `cls` has made fewer than `warmup` allocations through
+  // the large arena (and counts this one): a cold class gets no span yet
+  // (Config::span_warmup_allocations).
+  bool cold(int cls, std::uint32_t warmup) noexcept {
+    std::uint32_t& n = cold_allocations_[static_cast<std::size_t>(cls)];
+    if (n >= warmup) return false;
+    ++n;
+    return true;
+  }
 
   // Streams recorded on live slots (record_stream), by slot address; rare.
   std::unordered_map<std::uintptr_t, WaitSet>& recorded() noexcept { return recorded_; }
@@ -65,6 +74,7 @@ class SmallBlocks {
   std::array<Span*, kMaxClasses> current_{};  // span being handed out from
   std::array<Span*, kMaxClasses> partial_{};  // spans with free slots (list heads)
   std::array<Span*, kMaxClasses> spare_{};    // one unused span kept per class
+  std::array<std::uint32_t, kMaxClasses> cold_allocations_{};  // served best fit while cold
   std::unordered_map<std::uintptr_t, WaitSet> recorded_;
   std::vector<std::unique_ptr<Span>> spans_;  // every span of this heap
   std::vector<std::unique_ptr<Span>> graveyard_;  // released, for reuse

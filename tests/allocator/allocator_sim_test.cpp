@@ -67,6 +67,12 @@ class SimAllocatorTest : public ::testing::Test {
     c.max_chunk_bytes = kGranule;
     return c;
   }
+  // Small blocks from spans from the first allocation on (tests of spans;
+  // by default a class is served best fit until it is warm).
+  static Config spans_now(Config c) {
+    c.span_warmup_allocations = 0;
+    return c;
+  }
   Allocator& make(Config c) {
     alloc_.reset();
     alloc_ = std::make_unique<Allocator>(*sim_, c);
@@ -123,7 +129,7 @@ void PrintTo(const OrderCase& c, std::ostream* os) {
 class StreamOrder : public SimAllocatorTest, public ::testing::WithParamInterface<OrderCase> {
  protected:
   void SetUp() override {
-    Config c = tiny();
+    Config c = spans_now(tiny());
     c.force_no_vmm = GetParam().no_vmm;
     make(c);
     s_ = GetParam().legacy == Legacy::first ? nullptr : new_stream();
@@ -436,7 +442,7 @@ class Faults : public SimAllocatorTest, public ::testing::WithParamInterface<Fau
 
 TEST_P(Faults, FailedGrowthLeaksNothingAndTheNextAllocationWorks) {
   const FaultCase& f = GetParam();
-  Config c = tiny();
+  Config c = f.small ? spans_now(tiny()) : tiny();
   c.force_no_vmm = f.no_vmm;
   Allocator& a = make(c);
   const bool first_use = f.call == Call::address_reserve;
@@ -698,7 +704,7 @@ TEST_F(SimAllocatorTest, RecycledHandleOfAForgottenStreamIsANewStream) {
 TEST_F(SimAllocatorTest, ManyRecordedStreamsAreAllWaitedFor) {
   for (bool small : {false, true}) {
     SCOPED_TRACE(small ? "small" : "large");
-    Allocator& a = make(tiny());
+    Allocator& a = make(spans_now(tiny()));
     StreamHandle s = new_stream();
     std::vector<StreamHandle> readers;
     for (int i = 0; i < 6; ++i) readers.push_back(new_stream());
