@@ -41,7 +41,7 @@ GVM = "gvm_cuda"
 ORDER = [GVM, "torch", "torch_expandable", "cudaMallocAsync", "cudaMalloc", "gvm_sim_h200"]
 REPLAY_GVM = "gvmalloc"
 # PyTorch's own peak reserved / peak allocated on the shipped GPT-2 trace
-# (MEASUREMENTS.md, "Real workloads"): the replay through c10 should land near.
+# (docs/measurements.md, "PyTorch's allocator on real workloads"): the replay through c10 should land near.
 TORCH_TRACE_RATIO = {"torch": 1.945, "torch_expandable": 1.079}
 TORCH_RATIO_TOLERANCE = 0.05
 GROWTH_TARGET = 2.0  # growth (or trim) time / driver time, from the issue

@@ -31,7 +31,7 @@ constexpr std::size_t kGiB = std::size_t{1} << 30;
 constexpr std::size_t kTiB = std::size_t{1} << 40;
 
 // Physical chunks are whole granules; 2 MiB is the granularity of every GPU we
-// know (MEASUREMENTS.md: "2 MiB minimum and recommended" on H200).
+// know (docs/measurements.md: "2 MiB minimum and recommended" on H200).
 constexpr std::size_t kChunkMultiple = 2 * kMiB;
 // Size classes below 512 B would be smaller than kBlockAlignment; above 64 MiB
 // a "small" block would be larger than most chunks and defeat best-fit.
