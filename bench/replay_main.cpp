@@ -83,7 +83,7 @@ Args parse_args(int argc, char** argv) {
     if (flag == "--driver") {
       a.driver = value();
       if (a.driver != "cuda" && a.driver != "sim" && a.driver != "auto") {
-        throw ArgError("--driver wants cuda, sim or auto, got '" + a.driver + "'");
+        throw ArgError("--driver wants cuda, sim or auto, got " + gvm::bench::quoted_input(a.driver));
       }
     } else if (flag == "--profile") {
       a.profile = value();
@@ -155,7 +155,9 @@ std::string gib(std::uint64_t bytes) {
 void write_timeline(const std::string& path, const Trace& trace, std::size_t every,
                     const std::vector<TimelinePoint>& points) {
   std::ofstream out(path, std::ios::trunc);
-  if (!out) throw std::runtime_error("--timeline: cannot write " + path);
+  if (!out)
+    throw std::runtime_error("--timeline " + gvm::bench::quoted_input(path) +
+                             ": cannot write: " + std::strerror(errno));
   out << "# gvm-replay timeline of " << trace.source << ": one row every " << every
       << " event(s) and after the last; live = requested bytes of live blocks,"
          " reserved = Allocator::device_stats(0).reserved_bytes\n";
@@ -164,7 +166,9 @@ void write_timeline(const std::string& path, const Trace& trace, std::size_t eve
     out << p.event << ',' << p.live_bytes << ',' << p.reserved_bytes << '\n';
   }
   out.flush();
-  if (!out) throw std::runtime_error("--timeline: error writing " + path);
+  if (!out)
+    throw std::runtime_error("--timeline " + gvm::bench::quoted_input(path) +
+                             ": error writing: " + std::strerror(errno));
 }
 
 std::string fixed_percent(double f) {
@@ -195,7 +199,7 @@ gvm::Config config_of(const Args& a) {
   try {
     config = gvm::config_from_env();
   } catch (const gvm::config_error& e) {
-    throw ArgError(std::string("GVM_CONF: ") + e.what());
+    throw ArgError(e.what());  // it names GVM_CONF itself
   }
   try {
     config = gvm::parse_config(a.conf, config);
@@ -373,8 +377,9 @@ int run_one(const Args& a) {
       << "driver         " << choice.description << "\n"
       << "device         " << m.device_name << " (device " << kDevice << ")\n"
       << "conf           " << conf_changes(config) << "\n"
-      << "events         " << timed.events << " (" << timed.allocations << " allocations, "
-      << timed.frees << " frees)\n"
+      << "events         " << timed.events << " ("
+      << gvm::bench::count_of(timed.allocations, "allocation") << ", "
+      << gvm::bench::count_of(timed.frees, "free") << ")\n"
       << "peak live      " << memory.peak_live_bytes << " bytes (" << gib(memory.peak_live_bytes)
       << ")\n"
       << "peak reserved  " << memory.peak_reserved_bytes << " bytes ("
@@ -573,7 +578,7 @@ int main(int argc, char** argv) {
     }
     return run(args);
   } catch (const ArgError& e) {
-    std::cerr << "gvm-replay: " << e.what() << "\n\n" << kUsage;
+    gvm::bench::print_arg_error("gvm-replay", e);
   } catch (const gvm::bench::TraceError& e) {
     std::cerr << "gvm-replay: bad trace: " << e.what() << "\n";
   } catch (const gvm::out_of_memory& e) {

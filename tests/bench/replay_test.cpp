@@ -420,6 +420,8 @@ TEST(ReplayTool, BadInputExitsOneWithAMessage) {
       {"--driver sim /nonexistent/x.trace", "cannot open: No such file or directory"},
       {"--driver sim " + bad, "bad trace: "},
       {"--driver sim --timeline x.csv", "--timeline needs one TRACE"},
+      {"--driver sim --timeline /nonexistent/t.csv " + bad,
+       "--timeline '/nonexistent/t.csv': cannot write: No such file or directory"},
       {"--plot=", "--plot needs a file name or none"},
   };
   for (const BadRun& c : cases) {
@@ -428,6 +430,24 @@ TEST(ReplayTool, BadInputExitsOneWithAMessage) {
     EXPECT_EQ(r.status, 1);
     EXPECT_TRUE(r.out.empty()) << r.out;
     EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
+  }
+  // One line, not the usage text: the message and where the options are.
+  {
+    const ToolRun r = run_replay("--bogus");
+    EXPECT_EQ(r.err, "gvm-replay: unknown option '--bogus' (gvm-replay --help lists the options)\n");
+  }
+  // GVM_CONF's error names it once.
+  {
+    const std::string cmd = std::string("GVM_CONF=nonsense_key:1 '") + GVM_REPLAY_EXE +
+                            "' --driver sim 2>&1 >/dev/null";
+    std::string err;
+    if (FILE* f = popen(cmd.c_str(), "r")) {
+      char buf[512];
+      while (std::fgets(buf, sizeof buf, f) != nullptr) err += buf;
+      (void)pclose(f);
+    }
+    EXPECT_NE(err.find("GVM_CONF: "), std::string::npos) << err;
+    EXPECT_EQ(err.find("GVM_CONF: GVM_CONF"), std::string::npos) << err;
   }
   // The line of the bad trace is named.
   const ToolRun r = run_replay("--driver sim " + bad);
