@@ -8,10 +8,14 @@
 // the private pool and frees in it and outside it, while another thread
 // allocates and frees on another stream of the same device; the stream's
 // capture ends, then the allocator's (endAllocateToPool). A call the capture
-// forbids would invalidate it, and stream_end_capture would say so.
+// forbids would invalidate it, and stream_end_capture would say so. Then the
+// no-VMM heap, the peer paths, a pre-Ampere pair's scratch; last, disabled,
+// the defects these tests found in allocator/ (each says why it fails).
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -28,9 +32,9 @@ using gvm::PeerPolicy;
 using gvm::PoolId;
 using gvm::usage_error;
 using gvm::vmm::AccessKind;
+using gvm::vmm::Call;
 using gvm::vmm::CaptureMode;
 using gvm::vmm::CaptureStatus;
-using gvm::vmm::Call;
 using gvm::vmm::DevicePtr;
 using gvm::vmm::EventHandle;
 using gvm::vmm::Profile;
@@ -41,21 +45,23 @@ using gvm::vmm::StreamHandle;
 constexpr std::size_t kKiB = std::size_t{1} << 10;
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-DevicePtr at(const void* p) { return reinterpret_cast<DevicePtr>(p); }
+DevicePtr at(const void* p) {
+  return reinterpret_cast<DevicePtr>(p);
+}
 
 // The calls a global capture on device 0 forbids somewhere (sim_capture_rules.hpp):
 // none of them may be made while it is under way.
-constexpr Call kForbidden[] = {Call::event_query,        Call::event_synchronize,
-                               Call::stream_synchronize, Call::ctx_synchronize,
-                               Call::mem_alloc,          Call::mem_free,
-                               Call::stream_get_id,      Call::enable_peer_access,
-                               Call::disable_peer_access};
+constexpr Call kForbidden[] = {
+    Call::event_query,     Call::event_synchronize,  Call::stream_synchronize,
+    Call::ctx_synchronize, Call::mem_alloc,          Call::mem_free,
+    Call::stream_get_id,   Call::enable_peer_access, Call::disable_peer_access};
 
 class StreamCaptureTest : public ::testing::Test {
  protected:
   void SetUp() override {
     sim_ = SimDriver::uniform(Profile::h200, 2);
-    for (StreamHandle* s : {&s_, &side_, &t_, &u_}) ASSERT_EQ(sim_->stream_create(0, s), Result::success);
+    for (StreamHandle* s : {&s_, &side_, &t_, &u_})
+      ASSERT_EQ(sim_->stream_create(0, s), Result::success);
     ASSERT_EQ(sim_->stream_create(1, &s1_), Result::success);
     make_allocator(Config{});
   }
@@ -335,6 +341,233 @@ TEST_F(StreamCaptureTest, PeerPathsDuringACaptureMakeNoForbiddenCall) {
 
   a_->set_peer_policy(PeerPolicy::none);  // after it: as usual
   for (void* q : {dst, outside, scratch, src, plain}) a_->deallocate(q);
+  a_->trim();
+  expect_clean();
+}
+
+// On a pre-Ampere pair (P40) a peer grant acts like the global toggle and
+// needs a fence: during a capture on its device, a scratch made before it is
+// refused growth, without the fence.
+TEST(StreamCaptureP40Test, ScratchGrowthDuringACaptureOnItsDeviceIsRefusedWithoutAFence) {
+  auto sim = SimDriver::uniform(Profile::p40, 2);
+  StreamHandle s1 = nullptr;
+  ASSERT_EQ(sim->stream_create(1, &s1), Result::success);
+  {
+    Config c;
+    c.scratch_chunk_bytes = 4 * kMiB;
+    Allocator a(*sim, c);
+    ASSERT_EQ(a.peer_policy(1, 0), PeerPolicy::global);
+    void* first = a.scratch_allocate(kMiB, 1, s1);
+    const PoolId p = a.create_pool(1);
+    const std::uint64_t syncs = sim->call_count(Call::ctx_synchronize);
+    a.begin_capture(p);
+    ASSERT_EQ(sim->stream_begin_capture(1, s1, CaptureMode::global), Result::success);
+    void* hit = a.scratch_allocate(kMiB, 1, s1);  // from the mapped chunk
+    EXPECT_THROW((void)a.scratch_allocate(64 * kMiB, 1, s1), gvm::out_of_memory);
+    EXPECT_EQ(sim->call_count(Call::ctx_synchronize), syncs);
+    const Result ended = sim->stream_end_capture(1, s1);
+    EXPECT_EQ(ended, Result::success) << gvm::vmm::result_name(ended);
+    a.end_capture(p);
+    a.deallocate(hit);
+    a.deallocate(first);
+    std::string why;
+    EXPECT_TRUE(a.check_invariants(&why)) << why;
+  }
+  EXPECT_EQ(sim->sticky_error(), Result::success);
+  EXPECT_EQ(sim->misuse_count(), 0u);
+  sim->complete_all();
+  (void)sim->stream_destroy(1, s1);
+}
+
+// --- defects these tests show (disabled until allocator/ is fixed) ------------
+// Each fails today; the reason is in its comment. Remove DISABLED_ with the fix.
+
+// DeviceHeap::defer_free checks that the block is live but not the size the
+// caller names (Heap::free_slot and deallocate_large do): a free of the wrong
+// size during a capture is accepted, and at the end its replay throws
+// usage_error, which DeviceHeap::end_capture swallows - the caller never hears
+// of it and the block it thinks freed stays live.
+TEST_F(StreamCaptureTest, DISABLED_AFreeOfTheWrongSizeDuringACaptureIsRefusedAtOnce) {
+  const PoolId p = a_->create_pool(0);
+  void* before = a_->allocate(6 * kMiB, 0, s_);
+  void* small = a_->allocate(2 * kKiB, 0, s_);
+  a_->begin_capture(p);
+  ASSERT_EQ(sim_->stream_begin_capture(0, s_, CaptureMode::global), Result::success);
+  EXPECT_THROW(a_->deallocate(before, 5 * kMiB, 0, s_), usage_error);
+  EXPECT_THROW(a_->deallocate(small, 100 * kKiB, 0, s_), usage_error);
+  EXPECT_EQ(sim_->stream_end_capture(0, s_), Result::success);
+  a_->end_capture(p);
+  a_->deallocate(before, 6 * kMiB, 0, s_);
+  a_->deallocate(small, 2 * kKiB, 0, s_);
+  EXPECT_EQ(a_->device_stats(0).live_bytes, 0u);
+  expect_clean();
+}
+
+// Heap::allocate_at, during a capture, throws the capture's out_of_memory for
+// a range last used by another stream after the range was taken and counted
+// live, outside the try whose undo gives it back: the range stays allocated,
+// and allocate_at of it after the capture answers "not free memory of pool".
+TEST_F(StreamCaptureTest, DISABLED_AnAllocateAtRefusedDuringACaptureLeavesTheRangeFree) {
+  const PoolId p = a_->create_pool(0);
+  void* x = a_->allocate(5 * kMiB, 0, t_, p);
+  void* y = a_->allocate(kMiB, 0, t_, p);
+  a_->deallocate(x, 5 * kMiB, 0, t_);  // last used by t_
+  a_->begin_capture(p);
+  ASSERT_EQ(sim_->stream_begin_capture(0, s_, CaptureMode::global), Result::success);
+  EXPECT_THROW(a_->allocate_at(x, 5 * kMiB, s_, p), gvm::out_of_memory);
+  EXPECT_EQ(block_state(x), "free");
+  EXPECT_EQ(sim_->stream_end_capture(0, s_), Result::success);
+  a_->end_capture(p);
+  void* back = nullptr;
+  EXPECT_NO_THROW(back = a_->allocate_at(x, 5 * kMiB, s_, p));
+  EXPECT_EQ(back, x);
+  a_->deallocate(y);
+  if (back != nullptr) a_->deallocate(back);
+  EXPECT_EQ(a_->device_stats(0).live_bytes, 0u);
+  expect_clean();
+}
+
+// DeviceHeap::DeferredFree keeps the freeing stream's raw handle, and
+// end_capture replays the free with it. A stream forgotten (forget_stream)
+// and destroyed before the capture ends - what the CuPy and Numba
+// integrations do when a stream dies - is then looked up again
+// (StreamRegistry::get makes a new live state for the dead handle) and the
+// free orders its work with cuEventRecord on the destroyed handle: the
+// simulator's misuse report, then CONTEXT_IS_DESTROYED (undefined, and a
+// crash inside the driver once, on the real one).
+TEST_F(StreamCaptureTest, DISABLED_AFreeOnAStreamForgottenBeforeTheCaptureEndsNeverUsesItsHandle) {
+  const PoolId p = a_->create_pool(0);
+  void* big = a_->allocate(6 * kMiB, 0, t_);
+  void* small = a_->allocate(2 * kKiB, 0, t_);
+  a_->begin_capture(p);
+  ASSERT_EQ(sim_->stream_begin_capture(0, s_, CaptureMode::global), Result::success);
+  StreamHandle v = nullptr;
+  ASSERT_EQ(sim_->stream_create(0, &v), Result::success);
+  ASSERT_EQ(sim_->enqueue_access(0, v, at(big), 6 * kMiB, AccessKind::write), Result::success);
+  a_->deallocate(big, 6 * kMiB, 0, v);  // kept until the capture ends
+  a_->deallocate(small, 2 * kKiB, 0, v);
+  a_->forget_stream(v);
+  ASSERT_EQ(sim_->stream_destroy(0, v), Result::success);
+  EXPECT_EQ(sim_->stream_end_capture(0, s_), Result::success);
+  a_->end_capture(p);
+  for (const std::string& m : sim_->misuse()) ADD_FAILURE() << m;
+  EXPECT_EQ(sim_->sticky_error(), Result::success);
+  if (sim_->sticky_error() != Result::success) return;
+  void* again = a_->allocate(6 * kMiB, 0, t_);
+  EXPECT_EQ(sim_->enqueue_access(0, t_, at(again), 6 * kMiB, AccessKind::write), Result::success);
+  a_->deallocate(again);
+  a_->trim();
+  expect_clean();
+}
+
+// PeerAccess::scratch makes a device's scratch on its first use and, under
+// the global policy (pre-Ampere pairs, and every pair without VMM), first
+// enables context peer access behind AccessTracker::fence_devices: a
+// cuCtxSynchronize of both devices, with no capturing() check - during a
+// capture on either device it is refused, fails the capture, and comes out as
+// a driver_error. (Growth of a scratch that exists is refused before its
+// fence: Heap::map_under.)
+TEST(StreamCaptureP40Test, DISABLED_TheFirstScratchUseDuringACaptureMakesNoFence) {
+  for (int owner : {0, 1}) {
+    SCOPED_TRACE("scratch of device " + std::to_string(owner));
+    auto sim = SimDriver::uniform(Profile::p40, 2);
+    StreamHandle s = nullptr, so = nullptr;
+    ASSERT_EQ(sim->stream_create(0, &s), Result::success);
+    ASSERT_EQ(sim->stream_create(owner, &so), Result::success);
+    {
+      Allocator a(*sim, Config{});
+      ASSERT_EQ(a.peer_policy(owner, 1 - owner), PeerPolicy::global);
+      const PoolId p = a.create_pool(0);
+      a.begin_capture(p);
+      ASSERT_EQ(sim->stream_begin_capture(0, s, CaptureMode::global), Result::success);
+      try {
+        (void)a.scratch_allocate(kMiB, owner, so);
+        ADD_FAILURE() << "enabled peer access during the capture";
+      } catch (const gvm::vmm::DriverError& e) {
+        ADD_FAILURE() << "a driver call the capture forbids: " << e.what();
+      } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("capture"), std::string::npos) << e.what();
+      }
+      EXPECT_EQ(sim->call_count(Call::ctx_synchronize), 0u);
+      EXPECT_EQ(sim->call_count(Call::enable_peer_access), 0u);
+      const Result ended = sim->stream_end_capture(0, s);
+      EXPECT_EQ(ended, Result::success) << gvm::vmm::result_name(ended);
+      a.end_capture(p);
+    }
+    EXPECT_EQ(sim->sticky_error(), Result::success);
+    sim->complete_all();
+    (void)sim->stream_destroy(0, s);
+    if (owner != 0) (void)sim->stream_destroy(owner, so);
+  }
+}
+
+// Heap::map_under refuses the pre-Ampere scratch growth's fence only when a
+// capture is under way on the scratch's own device, but the fence drains
+// every device with access to it: a capture on a peer (device 0, which may
+// read device 1's scratch) meets cuCtxSynchronize(0), is invalidated, and the
+// growth comes out as a driver_error.
+TEST(StreamCaptureP40Test, DISABLED_ScratchGrowthDuringACaptureOnAPeerMakesNoFence) {
+  auto sim = SimDriver::uniform(Profile::p40, 2);
+  StreamHandle s = nullptr, s1 = nullptr;
+  ASSERT_EQ(sim->stream_create(0, &s), Result::success);
+  ASSERT_EQ(sim->stream_create(1, &s1), Result::success);
+  {
+    Config c;
+    c.scratch_chunk_bytes = 4 * kMiB;
+    Allocator a(*sim, c);
+    void* first = a.scratch_allocate(kMiB, 1, s1);
+    const PoolId p = a.create_pool(0);
+    const std::uint64_t syncs = sim->call_count(Call::ctx_synchronize);
+    a.begin_capture(p);
+    ASSERT_EQ(sim->stream_begin_capture(0, s, CaptureMode::global), Result::success);
+    try {
+      (void)a.scratch_allocate(64 * kMiB, 1, s1);
+    } catch (const gvm::vmm::DriverError& e) {
+      ADD_FAILURE() << "a driver call the capture forbids: " << e.what();
+    } catch (const gvm::out_of_memory&) {
+    }
+    EXPECT_EQ(sim->call_count(Call::ctx_synchronize), syncs);
+    const Result ended = sim->stream_end_capture(0, s);
+    EXPECT_EQ(ended, Result::success) << gvm::vmm::result_name(ended);
+    a.end_capture(p);
+    a.deallocate(first);
+  }
+  EXPECT_EQ(sim->sticky_error(), Result::success);
+  sim->complete_all();
+  (void)sim->stream_destroy(0, s);
+  (void)sim->stream_destroy(1, s1);
+}
+
+// DeviceHeap::capturing() is per device, but in global mode the calls a
+// capture calls unsafe are forbidden to every thread, whatever the device
+// (the CUDA rule; the probe measured one device). trim(1) during a global
+// capture on device 0 is let through (only device 0 refuses trims), and its
+// fence calls cuEventSynchronize on a device-1 stream's event (refused:
+// unsafe), falls back to synchronising every device - cuCtxSynchronize(0)
+// too - and invalidates the capture; trim throws a driver_error. The same
+// per-device check lets through, by the code (this test shows trim), every
+// fence and release on another device during the capture (the OOM retry, the
+// cap's and the release threshold's releases, trim_pool, release_pool) and,
+// without VMM, its cuMemAlloc and cuMemFree.
+TEST_F(StreamCaptureTest, DISABLED_AFenceOnAnotherDeviceDuringAGlobalCaptureMakesNoUnsafeCall) {
+  const PoolId p = a_->create_pool(0);
+  void* x = a_->allocate(8 * kMiB, 1, s1_);
+  ASSERT_EQ(sim_->enqueue_access(1, s1_, at(x), 8 * kMiB, AccessKind::write), Result::success);
+  a_->deallocate(x, 8 * kMiB, 1, s1_);  // cached, with work pending on it
+  const auto base = counts();
+  a_->begin_capture(p);
+  ASSERT_EQ(sim_->stream_begin_capture(0, s_, CaptureMode::global), Result::success);
+  try {
+    a_->trim(1);
+  } catch (const gvm::vmm::DriverError& e) {
+    ADD_FAILURE() << "a driver call the capture forbids: " << e.what();
+  } catch (const usage_error&) {
+    // refused while a capture is under way: also right
+  }
+  EXPECT_EQ(forbidden_since(base), "");
+  const Result ended = sim_->stream_end_capture(0, s_);
+  EXPECT_EQ(ended, Result::success) << gvm::vmm::result_name(ended);
+  a_->end_capture(p);
   a_->trim();
   expect_clean();
 }

@@ -64,7 +64,8 @@ inline constexpr CaptureRule kCaptureRules[] = {
   {Call::stream_synchronize,   When::stream_capturing,  kUnsupported, true},
   {Call::stream_synchronize,   When::unsafe,            kUnsupported, true},
   {Call::ctx_synchronize,      When::device_capturing,  kUnsupported, true},
-  {Call::ctx_synchronize,      When::unsafe,            kUnsupported, true},  // another device: not probed
+  // Of another device than the capture's: not probed.
+  {Call::ctx_synchronize,      When::unsafe,            kUnsupported, true},
   {Call::stream_wait_event,    When::waits_across,      Result::stream_capture_isolation, true},
   // --- streams ------------------------------------------------------------------------
   // cuStreamGetId of the capturing stream, in every mode (of another
