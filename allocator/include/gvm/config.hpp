@@ -51,6 +51,12 @@ struct Config {
   std::size_t release_threshold_bytes = SIZE_MAX;  // key: release_threshold
   // Requests up to this size are served from O(1) size classes.
   std::size_t small_block_max_bytes = std::size_t{1} << 20;  // key: small_max
+  // A small-block size class gets spans (its O(1) cache) on a stream only
+  // after this many allocations of it on that stream; until then the
+  // best-fit arena serves it. A span commits a whole granule to one class
+  // of one stream, which a class of a few blocks mostly wastes
+  // (docs/design-notes.md, "Fragmentation"). 0 = spans from the first one.
+  std::uint32_t span_warmup_allocations = 256;  // key: span_warmup
   // Force the no-VMM path (chunks from cuMemAlloc) even where VMM works.
   bool force_no_vmm = false;  // key: no_vmm
   // Peer access policy for every device pair (automatic = from DeviceCaps).
