@@ -262,10 +262,12 @@ TEST_F(StreamCaptureTest, WithoutVmmGrowthDuringACaptureIsAnOutOfMemoryNotACuMem
   c.force_no_vmm = true;
   make_allocator(c);
   const PoolId p = a_->create_pool(0);
-  // Warm-up outside the capture: the pool and t_'s heap hold a segment each.
-  a_->deallocate(a_->allocate(3 * kMiB, 0, s_, p), 3 * kMiB, 0, s_);
-  a_->deallocate(a_->allocate(kMiB, 0, t_), kMiB, 0, t_);
   void* before = a_->allocate(2 * kMiB, 0, s_);
+  a_->deallocate(a_->allocate(kMiB, 0, t_), kMiB, 0, t_);
+  // The captured work's warm-up, last before the capture (a growth at a new
+  // peak of reserved bytes may give other cached segments back first): the
+  // pool holds a free segment.
+  a_->deallocate(a_->allocate(3 * kMiB, 0, s_, p), 3 * kMiB, 0, s_);
   const auto base = counts();
 
   a_->begin_capture(p);
@@ -432,9 +434,10 @@ TEST_F(StreamCaptureTest, DISABLED_AnAllocateAtRefusedDuringACaptureLeavesTheRan
 // and destroyed before the capture ends - what the CuPy and Numba
 // integrations do when a stream dies - is then looked up again
 // (StreamRegistry::get makes a new live state for the dead handle) and the
-// free orders its work with cuEventRecord on the destroyed handle: the
-// simulator's misuse report, then CONTEXT_IS_DESTROYED (undefined, and a
-// crash inside the driver once, on the real one).
+// free (or the next taker of the memory) orders its work with cuEventRecord
+// on the destroyed handle: the simulator's misuse report, then
+// CONTEXT_IS_DESTROYED (undefined, and a crash inside the driver once, on the
+// real one).
 TEST_F(StreamCaptureTest, DISABLED_AFreeOnAStreamForgottenBeforeTheCaptureEndsNeverUsesItsHandle) {
   const PoolId p = a_->create_pool(0);
   void* big = a_->allocate(6 * kMiB, 0, t_);
@@ -450,13 +453,17 @@ TEST_F(StreamCaptureTest, DISABLED_AFreeOnAStreamForgottenBeforeTheCaptureEndsNe
   ASSERT_EQ(sim_->stream_destroy(0, v), Result::success);
   EXPECT_EQ(sim_->stream_end_capture(0, s_), Result::success);
   a_->end_capture(p);
-  for (const std::string& m : sim_->misuse()) ADD_FAILURE() << m;
-  EXPECT_EQ(sim_->sticky_error(), Result::success);
-  if (sim_->sticky_error() != Result::success) return;
-  void* again = a_->allocate(6 * kMiB, 0, t_);
-  EXPECT_EQ(sim_->enqueue_access(0, t_, at(again), 6 * kMiB, AccessKind::write), Result::success);
-  a_->deallocate(again);
-  a_->trim();
+  try {
+    // t_ takes the memory again: its wait for v's work must not name v.
+    void* again = a_->allocate(6 * kMiB, 0, t_);
+    void* again_small = a_->allocate(2 * kKiB, 0, t_);
+    EXPECT_EQ(sim_->enqueue_access(0, t_, at(again), 6 * kMiB, AccessKind::write), Result::success);
+    a_->deallocate(again);
+    a_->deallocate(again_small);
+    a_->trim();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
   expect_clean();
 }
 
