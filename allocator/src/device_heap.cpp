@@ -180,6 +180,9 @@ vmm::ReservedRange DeviceHeap::reserve_for(Heap& h, std::size_t min_bytes, std::
 
 vmm::DevicePtr DeviceHeap::segment_for(Heap& h, std::size_t* bytes, std::size_t alignment,
                                        std::size_t requested) {
+  // cuMemAlloc during a global capture is refused and fails it (docs/measurements.md,
+  // "Stream capture"); which mode the caller's thread is in, gvmalloc cannot tell.
+  if (capturing()) throw_oom(requested, kCaptureDevice);
   const bool arena = h.kind() != Heap::Kind::scratch;
   const std::size_t need = *bytes;
   const auto live_after =

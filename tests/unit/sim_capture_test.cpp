@@ -1,11 +1,14 @@
 // Stream capture on the simulated driver (issue 14 (f)): status, what work on
 // a capturing stream does, and what a capture forbids in each mode, on the
-// capturing thread and on another one, following vmm/src/sim_capture_rules.hpp.
+// capturing thread and on another one, following vmm/src/sim_capture_rules.hpp
+// (the real driver's answers, measured on an H200:
+// tests/unit/data/probe_h200_capture.txt).
 #include <condition_variable>
 #include <functional>
 #include <future>
 #include <mutex>
 #include <queue>
+#include <string>
 #include <thread>
 
 #include "sim_fixture.hpp"
@@ -141,11 +144,25 @@ TEST_F(SimCapture, GlobalModeForbidsUnsafeCallsOnEveryThreadAndTheCaptureFails) 
   EXPECT_EQ(status(s), CaptureStatus::invalidated);
   EXPECT_EQ(sim().memset_d8_async(0, 0, 0, 16, s), Result::stream_capture_invalidated)
       << "work on a failed capture";
-  EXPECT_EQ(sim().stream_end_capture(0, s), Result::stream_capture_wrong_thread);
   EXPECT_EQ(capturer.run([&] { return sim().stream_end_capture(0, s); }),
             Result::stream_capture_invalidated);
   EXPECT_EQ(status(s), CaptureStatus::none);
   EXPECT_EQ(sim().event_query(e), Result::not_ready) << "no capture: as usual";
+}
+
+TEST_F(SimCapture, EndingAGlobalCaptureOnAnotherThreadEndsItAllTheSame) {
+  // The H200 answered the wrong thread's end with WRONG_THREAD, and the
+  // beginning thread's end after it with ILLEGAL_STATE: the capture was over.
+  vmm::StreamHandle s = stream(0);
+  Worker capturer;
+  ASSERT_EQ(capturer.run([&] { return sim().stream_begin_capture(0, s, CaptureMode::global); }),
+            Result::success);
+  EXPECT_EQ(sim().stream_end_capture(0, s), Result::stream_capture_wrong_thread);
+  EXPECT_EQ(status(s), CaptureStatus::none);
+  EXPECT_EQ(capturer.run([&] { return sim().stream_end_capture(0, s); }), Result::illegal_state);
+  EXPECT_EQ(sim().stream_begin_capture(0, s, CaptureMode::global), Result::success)
+      << "the stream can capture again";
+  EXPECT_EQ(sim().stream_end_capture(0, s), Result::success);
 }
 
 TEST_F(SimCapture, ThreadLocalModeForbidsUnsafeCallsOnlyOnTheCapturingThread) {
@@ -168,18 +185,53 @@ TEST_F(SimCapture, ThreadLocalModeForbidsUnsafeCallsOnlyOnTheCapturingThread) {
 TEST_F(SimCapture, RelaxedModeForbidsOnlyWhatConflictsWithTheCapture) {
   vmm::EventHandle outside = recorded_event();
   vmm::StreamHandle s = stream(0);
-  vmm::EventHandle inside = event(0);
   ASSERT_EQ(sim().stream_begin_capture(0, s, CaptureMode::relaxed), Result::success);
   EXPECT_EQ(sim().event_query(outside), Result::not_ready) << "unsafe calls are let through";
   DevicePtr p = 0;
   EXPECT_EQ(sim().mem_alloc(0, 4096, &p), Result::success);
-  ASSERT_EQ(sim().event_record(0, inside, s), Result::success);
-  EXPECT_EQ(sim().event_query(inside), Result::captured_event)
-      << "an event recorded inside the capture";
-  EXPECT_EQ(status(s), CaptureStatus::active) << "which does not fail the capture";
+  EXPECT_EQ(sim().stream_synchronize(0, stream(0)), Result::success) << "a stream not capturing";
+  EXPECT_EQ(status(s), CaptureStatus::active);
   EXPECT_EQ(sim().stream_synchronize(0, s), Result::stream_capture_unsupported);
   EXPECT_EQ(status(s), CaptureStatus::invalidated);
   EXPECT_EQ(sim().stream_end_capture(0, s), Result::stream_capture_invalidated);
+}
+
+TEST_F(SimCapture, AWaitForAnEventRecordedInsideTheCaptureFailsItInEveryMode) {
+  // Measured: CUDA_ERROR_CAPTURED_EVENT, and the capture is invalidated, in
+  // every mode and on every thread (the old guess let the capture live).
+  for (CaptureMode mode : {CaptureMode::global, CaptureMode::local_thread, CaptureMode::relaxed}) {
+    for (bool query : {true, false}) {
+      SCOPED_TRACE(std::string(vmm::capture_mode_name(mode)) + (query ? " query" : " synchronize"));
+      vmm::StreamHandle s = stream(0);
+      vmm::EventHandle inside = event(0);
+      Worker capturer;
+      ASSERT_EQ(capturer.run([&] { return sim().stream_begin_capture(0, s, mode); }),
+                Result::success);
+      ASSERT_EQ(sim().event_record(0, inside, s), Result::success);
+      EXPECT_EQ(query ? sim().event_query(inside) : sim().event_synchronize(inside),
+                Result::captured_event);
+      EXPECT_EQ(status(s), CaptureStatus::invalidated);
+      EXPECT_EQ(capturer.run([&] { return sim().stream_end_capture(0, s); }),
+                Result::stream_capture_invalidated);
+      EXPECT_EQ(sim().event_query(inside), Result::success) << "after the capture";
+    }
+  }
+}
+
+TEST_F(SimCapture, TheIdOfTheCapturingStreamFailsTheCaptureInEveryMode) {
+  for (CaptureMode mode : {CaptureMode::global, CaptureMode::local_thread, CaptureMode::relaxed}) {
+    SCOPED_TRACE(vmm::capture_mode_name(mode));
+    vmm::StreamHandle s = stream(0), other = stream(0);
+    ASSERT_EQ(sim().stream_begin_capture(0, s, mode), Result::success);
+    std::uint64_t id = 0;
+    EXPECT_EQ(sim().stream_get_id(0, nullptr, &id), Result::success) << "the legacy stream";
+    EXPECT_EQ(sim().stream_get_id(0, other, &id), Result::success) << "a stream not capturing";
+    EXPECT_EQ(status(s), CaptureStatus::active);
+    EXPECT_EQ(sim().stream_get_id(0, s, &id), Result::stream_capture_unsupported);
+    EXPECT_EQ(status(s), CaptureStatus::invalidated);
+    EXPECT_EQ(sim().stream_end_capture(0, s), Result::stream_capture_invalidated);
+    EXPECT_EQ(sim().stream_get_id(0, s, &id), Result::success) << "after the capture";
+  }
 }
 
 TEST_F(SimCapture, ContextSynchronizeOfTheCapturingDeviceFailsTheCaptureInAnyMode) {
@@ -217,16 +269,43 @@ TEST_F(SimCapture, WaitingForACapturedEventJoinsTheOtherStreamIntoTheCapture) {
   EXPECT_EQ(status(t), CaptureStatus::none);
 }
 
-TEST_F(SimCapture, MemoryCallsAreRefusedUnderACaptureUntilProbed) {
-  // sim_capture_rules.hpp: the conservative guess until the probe has run.
-  DevicePtr r = reserve(2 * g_);
-  PhysHandle h = create(0, g_);
+TEST_F(SimCapture, VmmCallsMemGetInfoAndHostCopiesAreAllowedInEveryMode) {
+  // Measured: none of them touches the capture, in any mode, on any thread
+  // (the old guess refused them all as unsafe).
+  for (CaptureMode mode : {CaptureMode::global, CaptureMode::local_thread, CaptureMode::relaxed}) {
+    SCOPED_TRACE(vmm::capture_mode_name(mode));
+    vmm::StreamHandle s = stream(0);
+    ASSERT_EQ(sim().stream_begin_capture(0, s, mode), Result::success);
+    DevicePtr r = 0;
+    ASSERT_EQ(sim().address_reserve(2 * g_, 0, &r), Result::success);
+    PhysHandle h = 0;
+    ASSERT_EQ(sim().mem_create(0, g_, vmm::ShareableHandleType::none, &h), Result::success);
+    ASSERT_EQ(sim().mem_map(r, g_, h), Result::success);
+    const vmm::AccessDesc rw{0, Access::read_write};
+    EXPECT_EQ(sim().mem_set_access(r, g_, &rw, 1), Result::success);
+    const unsigned char bytes[16] = {1, 2, 3};
+    EXPECT_EQ(sim().memcpy_htod(0, r, bytes, sizeof bytes), Result::success);
+    std::size_t free_bytes = 0, total = 0;
+    EXPECT_EQ(sim().mem_get_info(0, &free_bytes, &total), Result::success);
+    EXPECT_EQ(sim().mem_unmap(r, g_), Result::success);
+    EXPECT_EQ(sim().mem_release(h), Result::success);
+    EXPECT_EQ(sim().address_free(r, 2 * g_), Result::success);
+    EXPECT_EQ(status(s), CaptureStatus::active);
+    EXPECT_EQ(sim().stream_end_capture(0, s), Result::success);
+  }
+  EXPECT_EQ(sim().live_mappings(), 0u);
+  EXPECT_EQ(sim().live_reservations(), 0u);
+}
+
+TEST_F(SimCapture, ClassicAllocationIsRefusedAsUnsafeAndChangesNothing) {
   vmm::StreamHandle s = stream(0);
   ASSERT_EQ(sim().stream_begin_capture(0, s, CaptureMode::global), Result::success);
-  EXPECT_EQ(sim().mem_map(r, g_, h), Result::stream_capture_unsupported);
-  EXPECT_EQ(sim().live_mappings(), 0u) << "a refused call changes nothing";
+  DevicePtr p = 0;
+  EXPECT_EQ(sim().mem_alloc(0, 4096, &p), Result::stream_capture_unsupported);
+  EXPECT_EQ(sim().live_classic_allocations(), 0u) << "a refused call changes nothing";
   ASSERT_EQ(sim().stream_end_capture(0, s), Result::stream_capture_invalidated);
-  EXPECT_EQ(sim().mem_map(r, g_, h), Result::success) << "after the capture, as usual";
+  EXPECT_EQ(sim().mem_alloc(0, 4096, &p), Result::success) << "after the capture, as usual";
+  EXPECT_EQ(sim().mem_free(0, p), Result::success);
 }
 
 }  // namespace

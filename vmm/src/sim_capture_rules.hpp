@@ -1,7 +1,5 @@
 // What a CUDA graph capture forbids, call by call: the one table SimDriver
-// follows (sim_capture.cpp applies it). Adjust it here from the output of
-// tools/gvm-driver-probe (its part 2 prints, for each call and capture mode,
-// what the real driver answered and whether the capture survived).
+// follows (sim_capture.cpp applies it).
 //
 // A row reads: while a capture is under way, `call` under condition `when`
 // answers `result`, changes nothing else, and with `invalidates` the capture
@@ -22,12 +20,14 @@
 //   waits_across      a capturing stream waits for an event recorded outside
 //                     its capture
 //
-// Until the probe has run on a GPU these rows are a conservative guess: every
-// call that changes memory, synchronizes or asks whether work is done is
-// refused as unsafe, so the allocator is proven not to make it during a
-// capture. Rows marked "documented" follow cuda.h: cudaMalloc is its example
-// of an unsafe call; an event query on an event recorded inside a capture
-// "necessarily conflicts" with it in every mode.
+// Measured: tools/gvm-driver-probe on one H200 (driver 580.159.04, CUDA 13.0,
+// 2026-12-01), every call of its part 2 in each capture mode, the capture
+// begun on the calling thread and on another one. Its table is kept in
+// tests/unit/data/probe_h200_capture.txt; the CTest
+// gvm_driver_probe_sim_matches_h200 runs `gvm-driver-probe --sim` and fails,
+// naming the row, where the simulator answers a row otherwise. Rows marked
+// "not probed" are guesses (the probe does not make that call, or not in that
+// state); they refuse, so that the allocator is shown not to make the call.
 #pragma once
 
 #include "gvm/vmm/driver.hpp"
@@ -47,37 +47,39 @@ inline constexpr Result kUnsupported = Result::stream_capture_unsupported;
 
 // clang-format off
 inline constexpr CaptureRule kCaptureRules[] = {
-  // --- memory: guesses until probed -------------------------------------------------
-  {Call::address_reserve,      When::unsafe,            kUnsupported, true},
-  {Call::address_free,         When::unsafe,            kUnsupported, true},
-  {Call::mem_create,           When::unsafe,            kUnsupported, true},
-  {Call::mem_release,          When::unsafe,            kUnsupported, true},
-  {Call::mem_map,              When::unsafe,            kUnsupported, true},
-  {Call::mem_unmap,            When::unsafe,            kUnsupported, true},
-  {Call::mem_set_access,       When::unsafe,            kUnsupported, true},
-  {Call::mem_get_info,         When::unsafe,            kUnsupported, true},
-  {Call::mem_alloc,            When::unsafe,            kUnsupported, true},  // documented
+  // --- memory ---------------------------------------------------------------------
+  // The VMM calls (reserve, free, create, release, map, unmap, set access) and
+  // cuMemGetInfo are allowed in every mode, on every thread: no row.
+  {Call::mem_alloc,            When::unsafe,            kUnsupported, true},
   {Call::mem_free,             When::unsafe,            kUnsupported, true},
-  {Call::enable_peer_access,   When::unsafe,            kUnsupported, true},
-  {Call::disable_peer_access,  When::unsafe,            kUnsupported, true},
+  {Call::enable_peer_access,   When::unsafe,            kUnsupported, true},  // not probed
+  {Call::disable_peer_access,  When::unsafe,            kUnsupported, true},  // not probed
   // --- completion and synchronization -----------------------------------------------
-  // documented: an event recorded inside a capture conflicts with it in any mode
-  {Call::event_query,          When::event_captured,    Result::captured_event, false},
+  // An event recorded inside the capture conflicts with it in every mode, on
+  // every thread, and the capture fails.
+  {Call::event_query,          When::event_captured,    Result::captured_event, true},
   {Call::event_query,          When::unsafe,            kUnsupported, true},
-  {Call::event_synchronize,    When::event_captured,    Result::captured_event, false},
+  {Call::event_synchronize,    When::event_captured,    Result::captured_event, true},
   {Call::event_synchronize,    When::unsafe,            kUnsupported, true},
   {Call::stream_synchronize,   When::stream_capturing,  kUnsupported, true},
   {Call::stream_synchronize,   When::unsafe,            kUnsupported, true},
   {Call::ctx_synchronize,      When::device_capturing,  kUnsupported, true},
+  // Of another device than the capture's: not probed.
   {Call::ctx_synchronize,      When::unsafe,            kUnsupported, true},
   {Call::stream_wait_event,    When::waits_across,      Result::stream_capture_isolation, true},
+  // --- streams ------------------------------------------------------------------------
+  // cuStreamGetId of the capturing stream, in every mode (of another
+  // stream, the legacy one included: allowed).
+  {Call::stream_get_id,        When::stream_capturing,  kUnsupported, true},
+  {Call::stream_destroy,       When::stream_capturing,  kUnsupported, true},  // not probed
   // --- test calls -------------------------------------------------------------------
-  {Call::stream_destroy,       When::stream_capturing,  kUnsupported, true},
-  {Call::memcpy_htod,          When::unsafe,            kUnsupported, true},
-  {Call::memcpy_dtoh,          When::unsafe,            kUnsupported, true},
-  // Allowed in every mode (no row): device queries, cuStreamGetId, the capture
-  // status, event create/destroy, cuEventRecord (on a capturing stream it is
-  // captured), stream create, copies and fills on any stream.
+  // cuMemcpyHtoD is allowed in every mode: no row.
+  {Call::memcpy_dtoh,          When::unsafe,            kUnsupported, true},  // not probed
+  // Allowed in every mode (no row): device queries, the capture status,
+  // event create/destroy, cuEventRecord (on a capturing stream it is
+  // captured), stream create, destroy of a stream not capturing, copies and
+  // fills on any stream. cuStreamEndCapture on another thread than the one
+  // that began a global capture: sim_capture.cpp.
 };
 // clang-format on
 

@@ -98,7 +98,8 @@ class Allocator {
   // begin to end. Meanwhile gvmalloc does nothing capture forbids on that
   // device: no event query, no synchronisation, no fence, no release (a
   // growth that would need one fails with out_of_memory saying which setting
-  // to raise); a block freed outside the pool is kept from reuse until the
+  // to raise), and without VMM no growth at all (cuMemAlloc is forbidden:
+  // out_of_memory); a block freed outside the pool is kept from reuse until the
   // last capture on the device ends (the graph may still use it); a block of
   // the pool is reused inside it only by the stream that freed it (no wait
   // on work outside the capture). trim and set_peer_policy refuse while a

@@ -68,7 +68,8 @@
   /* --- streams ------------------------------------------------------------------------ */     \
   /* The stream's id: unique for the life of the process, never reused, even when the        */  \
   /* handle is (a destroyed stream's handle may come back from the next cuStreamCreate).     */  \
-  /* Each device's legacy stream (nullptr) has one too.                                      */  \
+  /* Each device's legacy stream (nullptr) has one too. Of a capturing stream it fails and    */  \
+  /* fails the capture, in every mode (docs/measurements.md, "Stream capture").               */  \
   X(stream_get_id, "cuStreamGetId", (int device, StreamHandle stream, std::uint64_t* id),        \
     (device, stream, id))                                                                         \
   /* Whether `stream` is capturing a CUDA graph: none, active, or invalidated (a call the     */  \
@@ -125,7 +126,9 @@
   X(stream_begin_capture, "cuStreamBeginCapture",                                                 \
     (int device, StreamHandle stream, CaptureMode mode), (device, stream, mode))                  \
   /* Ends the capture of `stream` and destroys the graph it made: success, or the error the  */  \
-  /* capture ended with (stream_capture_invalidated after a call it forbids).                */  \
+  /* capture ended with (stream_capture_invalidated after a call it forbids). On another     */  \
+  /* thread than the one that began it (not relaxed): stream_capture_wrong_thread, and the   */  \
+  /* capture is over all the same.                                                           */  \
   X(stream_end_capture, "cuStreamEndCapture", (int device, StreamHandle stream),                 \
     (device, stream))                                                                             \
   /* --- synchronous copies and fills ------------------------------------------------------ */  \
