@@ -50,6 +50,12 @@ class AccessTracker {
   void fence_devices(std::uint64_t mask);
 
   bool fence_enabled() const noexcept { return fence_enabled_; }
+  // CUDA graph captures under way on any device (Allocator::begin_capture).
+  // A capture in the global mode forbids every thread, whatever its device,
+  // the calls it calls unsafe (event queries and syncs, context syncs): while
+  // one is under way nothing fences, releases or synchronises anywhere.
+  bool capturing() const noexcept { return captures_.load(std::memory_order_acquire) > 0; }
+  void capture(int delta) noexcept { captures_.fetch_add(delta, std::memory_order_acq_rel); }
   std::uint64_t fences() const noexcept { return fences_.load(std::memory_order_relaxed); }
   int device_count() const noexcept { return static_cast<int>(registries_.size()); }
   StreamRegistry& registry(int device) { return *registries_[static_cast<std::size_t>(device)]; }
@@ -64,6 +70,7 @@ class AccessTracker {
   std::vector<StreamRegistry*> registries_;
   const bool fence_enabled_;
   std::atomic<std::uint64_t> fences_{0};
+  std::atomic<int> captures_{0};
 };
 
 }  // namespace gvm::detail

@@ -133,7 +133,7 @@ void Allocator::Impl::check_copy_side(std::uintptr_t addr, std::size_t bytes, in
   if (owner < 0) return;
   const auto say = [&](const std::string& why) {
     throw usage_error("gvmalloc: peer_copy(" + std::to_string(bytes) + " bytes): the " + side +
-                      " " + std::to_string(addr) + " " + why);
+                      " " + hex(reinterpret_cast<const void*>(addr)) + " " + why);
   };
   if (owner != device)
     say("belongs to device " + std::to_string(owner) + ", not device " + std::to_string(device));
@@ -274,8 +274,9 @@ void Allocator::trim_pool(PoolId pool) {
   Impl& im = *impl_;
   detail::Heap& h = im.pool_heap(pool, "trim_pool");
   if (h.device_heap().capturing())
-    throw usage_error("gvmalloc: trim_pool: a CUDA graph capture is under way on device " +
-                      std::to_string(h.device()) + "; trim after it ends");
+    throw usage_error("gvmalloc: trim_pool(" + std::to_string(pool) +
+                      "): a CUDA graph capture is under way, and giving memory back needs a "
+                      "synchronisation the capture forbids on every device; trim after it ends");
   (void)h.release_cached(0, true);
   h.drop_unused_regions();
 }
@@ -369,8 +370,9 @@ void Allocator::trim(int device) {
     if (device != -1 && static_cast<int>(d) != device) continue;
     if (auto* h = im.existing(static_cast<int>(d)); h != nullptr && h->capturing())
       throw usage_error("gvmalloc: trim on device " + std::to_string(d) +
-                        ": a CUDA graph capture is under way there, and giving memory back "
-                        "needs a synchronisation the capture forbids; trim after it ends");
+                        ": a CUDA graph capture is under way, and giving memory back needs a "
+                        "synchronisation the capture forbids on every device; trim after it "
+                        "ends");
   }
   // Under the shared policy lock: a scratch release fences under the policy
   // whose grants it may drop.
@@ -458,7 +460,7 @@ void Allocator::record_stream(void* ptr, vmm::StreamHandle stream, int stream_de
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   const int owner = im.owner_of(addr);
   if (owner < 0)
-    throw usage_error("gvmalloc: record_stream(" + std::to_string(addr) +
+    throw usage_error("gvmalloc: record_stream(" + hex(ptr) +
                       "): not a pointer gvmalloc gave out");
   if (owner == stream_device) {
     if (!im.device(owner).record_stream(addr, im.stream_state(owner, stream)))

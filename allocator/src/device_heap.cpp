@@ -2,12 +2,24 @@
 #include "device_heap.hpp"
 
 #include <algorithm>
+#include <cinttypes>
 #include <cstdio>
 #include <string>
 
+#include "gvm/allocator.hpp"
 #include "gvm/errors.hpp"
+#include "size_classes.hpp"
 
 namespace gvm::detail {
+namespace {
+
+std::string hex(std::uintptr_t p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%" PRIxPTR, p);
+  return buf;
+}
+
+}  // namespace
 
 std::string format_bytes(std::size_t n) {
   char buf[64];
@@ -264,7 +276,7 @@ bool DeviceHeap::deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamH
   if (s != nullptr && !s->contains(addr)) s = nullptr;
   Heap* h = s != nullptr ? s->owner : e->owner.load(std::memory_order_acquire);
   if (h == nullptr) return false;
-  if (capturing() && !(h->kind() == Heap::Kind::pool && h->capturing())) [[unlikely]]
+  if (capturing_here() && !(h->kind() == Heap::Kind::pool && h->capturing())) [[unlikely]]
     return defer_free(h, s, addr, bytes, stream, own_stream, requested);
   if (s != nullptr) {
     if (requested != nullptr) *requested = s->slot_size;
@@ -283,20 +295,34 @@ bool DeviceHeap::defer_free(Heap* h, Span* s, std::uintptr_t addr, std::size_t b
   if (s != nullptr) {
     size = s->slot_size;
     if (!h->slot_is_live(s, addr))
-      throw usage_error("gvmalloc: deallocate(" + std::to_string(addr) +
+      throw usage_error("gvmalloc: deallocate(" + hex(addr) +
                         "): not a live block (already freed, never allocated, or an interior "
                         "pointer)");
+    if (bytes != kUnknownSize &&
+        (bytes == 0 || bytes > s->slot_size || size_class_of(bytes) != s->size_class))
+      throw usage_error("gvmalloc: deallocate(" + hex(addr) + ", " + std::to_string(bytes) +
+                        " bytes) on device " + std::to_string(device()) +
+                        ": the block was allocated with a size in another class (slot of " +
+                        std::to_string(s->slot_size) + " bytes)");
   } else if (!h->live_large(addr, &size)) {
     return false;
+  } else if (bytes != kUnknownSize && bytes != size) {
+    throw usage_error("gvmalloc: deallocate(" + hex(addr) + ", " + std::to_string(bytes) +
+                      " bytes) on device " + std::to_string(device()) +
+                      ": the block was allocated with " + std::to_string(size) + " bytes");
   }
   {
     std::lock_guard<std::mutex> guard(deferred_mu_);
     for (const DeferredFree& d : deferred_)
       if (d.addr == addr)
-        throw usage_error("gvmalloc: deallocate(" + std::to_string(addr) +
+        throw usage_error("gvmalloc: deallocate(" + hex(addr) +
                           "): already freed (during this CUDA graph capture)");
     if (captures_.load(std::memory_order_acquire) > 0) {
-      deferred_.push_back(DeferredFree{addr, bytes, stream, own_stream});
+      // The freeing stream is named now, as a user of the block: its handle
+      // may be forgotten and destroyed before the capture ends (CuPy and
+      // Numba do that when a stream dies), and the replay must not touch it.
+      if (!own_stream) (void)record_stream(addr, streams().get(stream));
+      deferred_.push_back(DeferredFree{addr, bytes, nullptr, true});
       if (requested != nullptr) *requested = size;
       return true;
     }
@@ -308,6 +334,7 @@ bool DeviceHeap::defer_free(Heap* h, Span* s, std::uintptr_t addr, std::size_t b
 
 void DeviceHeap::end_capture() {
   std::vector<DeferredFree> todo;
+  tracker_.capture(-1);
   {
     std::lock_guard<std::mutex> guard(deferred_mu_);
     if (captures_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;

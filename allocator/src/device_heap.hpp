@@ -143,10 +143,17 @@ class DeviceHeap {
 
 
   // --- CUDA graph capture -------------------------------------------------------
-  // Captures under way on this device (Allocator::begin_capture): while any
-  // is, nothing here queries events, synchronises, fences or releases.
-  bool capturing() const noexcept { return captures_.load(std::memory_order_acquire) > 0; }
-  void begin_capture() noexcept { captures_.fetch_add(1, std::memory_order_acq_rel); }
+  // A capture under way on any device (AccessTracker::capturing says why any):
+  // while one is, nothing here queries events, synchronises, fences or
+  // releases, and no stream is made to wait for another's work.
+  bool capturing() const noexcept { return tracker_.capturing(); }
+  // A capture under way on this device: frees outside its pool are kept
+  // until the last one here ends.
+  bool capturing_here() const noexcept { return captures_.load(std::memory_order_acquire) > 0; }
+  void begin_capture() noexcept {
+    captures_.fetch_add(1, std::memory_order_acq_rel);
+    tracker_.capture(+1);
+  }
   // The last capture's end frees what was freed outside the pools meanwhile.
   void end_capture();
 

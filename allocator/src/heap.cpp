@@ -376,13 +376,13 @@ void* Heap::allocate_at(std::uintptr_t addr, std::size_t bytes, StreamState& use
     (void)finish_large(b, user, bytes, false);
   }
   if (!waits.only(&user)) {
-    if (device_.capturing())
-      device_.throw_oom(bytes, "CUDA graph capture: the range was last used by another stream, "
-                               "whose work a capture cannot wait for");
     try {
+      if (device_.capturing())
+        device_.throw_oom(bytes, "CUDA graph capture: the range was last used by another stream, "
+                                 "whose work a capture cannot wait for");
       device_.count_cross_stream_waits(device_.tracker().order(waits, user));
     } catch (...) {
-      undo(true);
+      undo(true);  // the range is free again, as it was
       throw;
     }
   }

@@ -64,8 +64,19 @@ Heap& PeerAccess::scratch(int device) {
   if (Heap* h = d.existing_scratch(); h != nullptr) return *h;
   std::unique_lock<std::shared_mutex> guard(lock_);
   if (Heap* h = d.existing_scratch(); h != nullptr) return *h;
-  for (int p = 0; p < static_cast<int>(n_); ++p)
-    if (policy(device, p) == PeerPolicy::global) enable_global(p, device);
+  for (int p = 0; p < static_cast<int>(n_); ++p) {
+    if (policy(device, p) != PeerPolicy::global) continue;
+    // The first toggle is fenced (both devices drained), which a capture
+    // forbids: refused before any driver call.
+    if (tracker_.capturing() &&
+        global_enabled_[static_cast<std::size_t>(p) * n_ + static_cast<std::size_t>(device)] == 0)
+      throw out_of_memory("gvmalloc: the peer scratch of device " + std::to_string(device) +
+                          " during a CUDA graph capture: its first use enables peer access from "
+                          "device " + std::to_string(p) +
+                          " behind a fence the capture forbids; allocate from the scratch once "
+                          "before the capture");
+    enable_global(p, device);
+  }
   Heap& h = d.scratch(scratch_access(device, policy_));
   h.set_grants_fenced(grants_emulated(h.access()));
   return h;

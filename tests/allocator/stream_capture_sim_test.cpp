@@ -389,7 +389,7 @@ TEST(StreamCaptureP40Test, ScratchGrowthDuringACaptureOnItsDeviceIsRefusedWithou
 // size during a capture is accepted, and at the end its replay throws
 // usage_error, which DeviceHeap::end_capture swallows - the caller never hears
 // of it and the block it thinks freed stays live.
-TEST_F(StreamCaptureTest, DISABLED_AFreeOfTheWrongSizeDuringACaptureIsRefusedAtOnce) {
+TEST_F(StreamCaptureTest, AFreeOfTheWrongSizeDuringACaptureIsRefusedAtOnce) {
   const PoolId p = a_->create_pool(0);
   void* before = a_->allocate(6 * kMiB, 0, s_);
   void* small = a_->allocate(2 * kKiB, 0, s_);
@@ -409,7 +409,7 @@ TEST_F(StreamCaptureTest, DISABLED_AFreeOfTheWrongSizeDuringACaptureIsRefusedAtO
 // a range last used by another stream after the range was taken and counted
 // live, outside the try whose undo gives it back: the range stays allocated,
 // and allocate_at of it after the capture answers "not free memory of pool".
-TEST_F(StreamCaptureTest, DISABLED_AnAllocateAtRefusedDuringACaptureLeavesTheRangeFree) {
+TEST_F(StreamCaptureTest, AnAllocateAtRefusedDuringACaptureLeavesTheRangeFree) {
   const PoolId p = a_->create_pool(0);
   void* x = a_->allocate(5 * kMiB, 0, t_, p);
   void* y = a_->allocate(kMiB, 0, t_, p);
@@ -438,7 +438,7 @@ TEST_F(StreamCaptureTest, DISABLED_AnAllocateAtRefusedDuringACaptureLeavesTheRan
 // on the destroyed handle: the simulator's misuse report, then
 // CONTEXT_IS_DESTROYED (undefined, and a crash inside the driver once, on the
 // real one).
-TEST_F(StreamCaptureTest, DISABLED_AFreeOnAStreamForgottenBeforeTheCaptureEndsNeverUsesItsHandle) {
+TEST_F(StreamCaptureTest, AFreeOnAStreamForgottenBeforeTheCaptureEndsNeverUsesItsHandle) {
   const PoolId p = a_->create_pool(0);
   void* big = a_->allocate(6 * kMiB, 0, t_);
   void* small = a_->allocate(2 * kKiB, 0, t_);
@@ -474,7 +474,7 @@ TEST_F(StreamCaptureTest, DISABLED_AFreeOnAStreamForgottenBeforeTheCaptureEndsNe
 // capture on either device it is refused, fails the capture, and comes out as
 // a driver_error. (Growth of a scratch that exists is refused before its
 // fence: Heap::map_under.)
-TEST(StreamCaptureP40Test, DISABLED_TheFirstScratchUseDuringACaptureMakesNoFence) {
+TEST(StreamCaptureP40Test, TheFirstScratchUseDuringACaptureMakesNoFence) {
   for (int owner : {0, 1}) {
     SCOPED_TRACE("scratch of device " + std::to_string(owner));
     auto sim = SimDriver::uniform(Profile::p40, 2);
@@ -513,7 +513,7 @@ TEST(StreamCaptureP40Test, DISABLED_TheFirstScratchUseDuringACaptureMakesNoFence
 // every device with access to it: a capture on a peer (device 0, which may
 // read device 1's scratch) meets cuCtxSynchronize(0), is invalidated, and the
 // growth comes out as a driver_error.
-TEST(StreamCaptureP40Test, DISABLED_ScratchGrowthDuringACaptureOnAPeerMakesNoFence) {
+TEST(StreamCaptureP40Test, ScratchGrowthDuringACaptureOnAPeerMakesNoFence) {
   auto sim = SimDriver::uniform(Profile::p40, 2);
   StreamHandle s = nullptr, s1 = nullptr;
   ASSERT_EQ(sim->stream_create(0, &s), Result::success);
@@ -556,7 +556,7 @@ TEST(StreamCaptureP40Test, DISABLED_ScratchGrowthDuringACaptureOnAPeerMakesNoFen
 // fence and release on another device during the capture (the OOM retry, the
 // cap's and the release threshold's releases, trim_pool, release_pool) and,
 // without VMM, its cuMemAlloc and cuMemFree.
-TEST_F(StreamCaptureTest, DISABLED_AFenceOnAnotherDeviceDuringAGlobalCaptureMakesNoUnsafeCall) {
+TEST_F(StreamCaptureTest, AFenceOnAnotherDeviceDuringAGlobalCaptureMakesNoUnsafeCall) {
   const PoolId p = a_->create_pool(0);
   void* x = a_->allocate(8 * kMiB, 1, s1_);
   ASSERT_EQ(sim_->enqueue_access(1, s1_, at(x), 8 * kMiB, AccessKind::write), Result::success);
