@@ -316,7 +316,8 @@ class EnableLogic(unittest.TestCase):
 
 class SemanticsRunner(unittest.TestCase):
     """tests/python/_torch_semantics.py's table, over stand-in cases: a failing case, a
-    crash and a timeout are reported as such and the other cases still run."""
+    crash and a timeout are reported as such and the other cases still run; a fresh
+    case runs after the others in an interpreter of its own."""
 
     def test_every_outcome_is_reported_and_the_run_goes_on(self):
         with tempfile.TemporaryDirectory() as out:
@@ -328,7 +329,8 @@ class SemanticsRunner(unittest.TestCase):
             self.assertEqual(r.returncode, 1, r.stdout + r.stderr)  # something failed
             import json
             with open(os.path.join(out, "torch-semantics.json")) as f:
-                rows = {row["case"]: row for row in json.load(f)}
+                listed = json.load(f)
+                rows = {row["case"]: row for row in listed}
             with open(os.path.join(out, "torch-semantics.txt")) as f:
                 text = f.read()
         self.assertEqual({c: rows[c]["native"]["status"] for c in rows},
@@ -341,6 +343,14 @@ class SemanticsRunner(unittest.TestCase):
         # The case after the crash ran in a new worker; a fresh case gets its own.
         self.assertNotEqual(rows["after"]["gvm"]["detail"]["pid"], rows["passes"]["gvm"]["detail"]["pid"])
         self.assertNotEqual(rows["fresh"]["gvm"]["detail"]["pid"], rows["after"]["gvm"]["detail"]["pid"])
+        # Listed in the cases' order; the fresh case ran after the others (its
+        # interpreter was started ahead, while they ran).
+        self.assertEqual([row["case"] for row in listed],
+                         ["passes", "fresh", "fails", "crashes", "after", "hangs"])
+        self.assertGreater(rows["fresh"]["native"]["detail"]["t"],
+                           rows["after"]["native"]["detail"]["t"])
+        self.assertNotEqual(rows["fresh"]["native"]["detail"]["pid"],
+                            rows["passes"]["native"]["detail"]["pid"])
         self.assertRegex(text, r"crashes +pass +CRASH")
         self.assertIn("gvmalloc: 1 CRASH, 1 TIMEOUT, 1 fail, 3 pass", text)
 
