@@ -4,9 +4,10 @@
 //   BM_threads/<impl>/threads:<n>  every thread keeps kLive blocks of
 //       256 B-4 MiB (log-uniform) live and per iteration frees a random one
 //       and allocates a random size in its place, on its own stream (a fixed
-//       sequence per thread index, the same for every impl). items_per_second
-//       is the aggregate rate of operations (alloc or free) of all threads,
-//       over wall time (UseRealTime).
+//       sequence per thread index, the same for every impl), after one
+//       untimed pass over that sequence (the steady state of a warm cache).
+//       items_per_second is the aggregate rate of operations (alloc or free)
+//       of all threads, over wall time (UseRealTime).
 //
 //   gvm_cuda          one gvm::Allocator on the CUDA driver; per-thread streams
 //                     from TestDriver::stream_create
@@ -175,7 +176,33 @@ void bm_threads(benchmark::State& state, BackendKind kind) {
     }
     return;
   }
+  // One untimed pass over the plan first, for every impl alike: the timed
+  // loop measures the steady state of a warm cache (each run of the
+  // benchmark makes its allocator anew, and a cold one's growth - driver
+  // calls of tens of microseconds to milliseconds - would otherwise fill a
+  // short run; docs/benchmarks.md).
   std::size_t step = 0;
+  try {
+    for (; step < kSteps; ++step) {
+      const std::uint32_t s = plan.slot[step];
+      ctx->deallocate(ptrs[s], sizes[s]);
+      ptrs[s] = nullptr;
+      sizes[s] = plan.bytes[step];
+      ptrs[s] = ctx->allocate(sizes[s]);
+    }
+    ctx->synchronize();
+  } catch (const std::exception& e) {
+    why = e.what();
+    release_all(*ctx, ptrs, sizes);
+    ctx.reset();
+  }
+  step = 0;
+  if (!ctx) {
+    state.SkipWithError(why.c_str());
+    for (auto _ : state) {
+    }
+    return;
+  }
   for (auto _ : state) {
     const std::uint32_t s = plan.slot[step];
     try {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tools/bench-all.sh: every benchmark and trace replay, gvmalloc side by side
 # with PyTorch's allocator (default and expandable segments) and
-# cudaMallocAsync, on a GPU machine, in one run of about 5-8 minutes.
+# cudaMallocAsync, on a GPU machine, in one run of about 6-10 minutes (every
+# shipped trace replayed with every allocator included).
 #
 #   tools/bench-all.sh [RESULTS_DIR]      (default bench-out)
 #   OUT=/some/dir tools/bench-all.sh      also packs RESULTS_DIR into
@@ -14,6 +15,7 @@
 #   GVM_BENCH_SKIP_PEER=1                 leave out gvm-bench-peer
 #
 # Then: tools/bench-report.py RESULTS_DIR   (writes docs/benchmarks.md + plots)
+#       tools/bench-report.py RESULTS_DIR --readme README.md --peers traces/peers.csv
 #
 # Builds (or reuses) build-gpu, Release; PyTorch's baseline is built when
 # python3 imports torch. Each step's failure is reported and the run goes on;
@@ -146,8 +148,23 @@ step replay-torch_expandable 120 env PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE bash -c
   >'$RES/replay-torch_expandable.json'"
 step replay-async 120 bash -c "'$B/gvm-replay-baseline' --impl async --repeat $REPS --json \
   '$TRACE' >'$RES/replay-async.json'"
+# Every shipped trace (traces/peers.csv lists them) with every allocator: the
+# table of gvm-replay's main job and the README, measured side by side.
+for t in $(sed -n 's/^\([a-z0-9_]*\),.*/\1/p' "$ROOT/traces/peers.csv" | sort -u); do
+  [ "$t" = trace ] && continue
+  T="$ROOT/traces/$t.trace.gz"
+  step "traces-gvmalloc-$t" 120 bash -c "'$B/gvm-replay' --driver cuda --repeat $REPS --json \
+    '$T' >'$RES/traces-gvmalloc-$t.json'"
+  step "traces-torch-$t" 180 bash -c "'$B/gvm-replay-baseline' --impl torch --repeat $REPS --json \
+    '$T' >'$RES/traces-torch-$t.json'"
+  step "traces-torch_expandable-$t" 180 env PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE bash -c \
+    "'$B/gvm-replay-baseline' --impl torch --repeat $REPS --json '$T' \
+    >'$RES/traces-torch_expandable-$t.json'"
+  step "traces-async-$t" 180 bash -c "'$B/gvm-replay-baseline' --impl async --repeat $REPS --json \
+    '$T' >'$RES/traces-async-$t.json'"
+done
 # A failed replay leaves an empty JSON file; the report must not read it.
-for f in "$RES"/replay-*.json; do [ -s "$f" ] || rm -f "$f"; done
+for f in "$RES"/replay-*.json "$RES"/traces-*.json; do [ -s "$f" ] || rm -f "$f"; done
 
 # --- report, pack, summary ----------------------------------------------------------
 if [ -n "$PY" ]; then
@@ -162,6 +179,7 @@ fi
     # The replay table and the targets: the headline figures.
     sed -n '/^## Targets/,/^## Alloc/p' "$RES/benchmarks.md" | sed '$d'
     sed -n '/^| allocator | ratio/,/^$/p' "$RES/benchmarks.md"
+    sed -n '/^## Every shipped trace/,/^## Peer/p' "$RES/benchmarks.md" | sed '$d'
   fi
   if [ "${#FAILED[@]}" -eq 0 ]; then
     echo "RESULT: all steps passed"

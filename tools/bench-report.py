@@ -2,6 +2,13 @@
 """tools/bench-report.py: docs/benchmarks.md (and plots) from a bench-all run.
 
     tools/bench-report.py [RESULTS] [--out FILE] [--img DIR] [--no-plots]
+                          [--readme README.md] [--peers traces/peers.csv]
+    tools/bench-report.py --traces-from TABLE.json --readme README.md
+
+--peers rewrites traces/peers.csv with the peers' ratios and times of this
+run's traces-*.json. --traces-from takes `gvm-replay --json` without a trace
+(gvmalloc's figures, on a GPU or the simulated H200, and the peers' recorded
+ones it carries) and replaces only the README's shipped-traces block.
 
 RESULTS is the directory tools/bench-all.sh wrote (default bench-out), or its
 bench-results.tgz. Every figure in the output comes from those files; none is
@@ -14,7 +21,9 @@ Files read (all optional; a missing one leaves its section saying so):
   mt*.json                  gvm-bench-mt
   growth*.json              gvm-bench-growth
   peer*.json                gvm-bench-peer
-  replay-*.json             gvm-replay / gvm-replay-baseline --json
+  replay-*.json             gvm-replay / gvm-replay-baseline --json (the GPT-2 section)
+  traces-IMPL-TRACE.json    the same for every shipped trace (IMPL: gvmalloc, torch,
+                            torch_expandable, async)
   timeline-*.csv            their --timeline output
 """
 import argparse
@@ -32,7 +41,7 @@ GVM = "gvm_cuda"
 ORDER = [GVM, "torch", "torch_expandable", "cudaMallocAsync", "cudaMalloc", "gvm_sim_h200"]
 REPLAY_GVM = "gvmalloc"
 # PyTorch's own peak reserved / peak allocated on the shipped GPT-2 trace
-# (MEASUREMENTS.md, "Real workloads"): the replay through c10 should land near.
+# (docs/measurements.md, "PyTorch's allocator on real workloads"): the replay through c10 should land near.
 TORCH_TRACE_RATIO = {"torch": 1.945, "torch_expandable": 1.079}
 TORCH_RATIO_TOLERANCE = 0.05
 GROWTH_TARGET = 2.0  # growth (or trim) time / driver time, from the issue
@@ -308,6 +317,107 @@ def section_replay(directory, problems):
     return out, data, notes
 
 
+PEER_COLUMNS = [("torch", "PyTorch"), ("torch_expandable", "PyTorch expandable"),
+                ("cudaMallocAsync", "cudaMallocAsync")]
+
+
+def traces_from_results(directory, problems):
+    """{trace: {impl: replay JSON}} from traces-IMPL-TRACE.json files."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(directory, "traces-*.json"))):
+        d = load_json(path, problems)
+        if not isinstance(d, dict) or "ratio" not in d:
+            continue
+        name = os.path.basename(d.get("trace", "?")).replace(".trace.gz", "")
+        out.setdefault(name, {})[d.get("impl", REPLAY_GVM)] = d
+    return out
+
+
+def traces_from_table(path, problems):
+    """The same shape from gvm-replay --json without a trace (peers as recorded)."""
+    rows = load_json(path, problems)
+    out = {}
+    for r in rows if isinstance(rows, list) else []:
+        entry = {REPLAY_GVM: r}
+        for impl, p in (r.get("peers") or {}).items():
+            entry[impl] = dict(p, recorded=True)
+        out[r.get("trace", "?")] = entry
+    return out
+
+
+def traces_table(traces, on_gpu):
+    """Markdown: every shipped trace, gvmalloc beside the peers."""
+    head = ["trace", "gvmalloc"] + [label for _, label in PEER_COLUMNS] + ["below the best peer",
+                                                                            "driver calls"]
+    rows = []
+    for name in sorted(traces):
+        t = traces[name]
+        g = t.get(REPLAY_GVM, {})
+        peers = [t.get(k, {}).get("ratio") for k, _ in PEER_COLUMNS]
+        known = [p for p in peers if p]
+        best = min(known) if known else None
+        verdict = "—" if not (best and g.get("ratio")) else (
+            "yes" if g["ratio"] < best else "**no** (%.3f)" % best)
+        rows.append([name, "%.3f" % g["ratio"] if g.get("ratio") else "—"] +
+                    ["%.3f" % p if p else "—" for p in peers] +
+                    [verdict, str(g.get("driver_calls", "—"))])
+    out = ["Peak reserved ÷ peak live on every shipped trace (`traces/`), lower is better.", ""]
+    out.append(table(head, rows))
+    trows = []
+    for name in sorted(traces):
+        t = traces[name]
+        g = t.get(REPLAY_GVM, {})
+        cells = [name, fmt_ns(g.get("ns_per_op"))]
+        if on_gpu:
+            for k, _ in PEER_COLUMNS:
+                ns = t.get(k, {}).get("ns_per_op")
+                cells.append(fmt_ns(ns) if ns else "not measured")
+        trows.append(cells)
+    if on_gpu:
+        out += ["", "Time per allocate or free (median wall time):", ""]
+        out.append(table(["trace", "gvmalloc"] + [label for _, label in PEER_COLUMNS], trows))
+    else:
+        out += ["", "Time per allocate or free: gvmalloc's CPU time on the simulated driver, not a "
+                "GPU figure, so the peers' GPU times are not set beside it (a GPU run of "
+                "`tools/bench-all.sh` measures all of them side by side):", ""]
+        out.append(table(["trace", "gvmalloc (CPU, simulated driver)"], trows))
+    return out
+
+
+def section_traces(traces):
+    out = ["## Every shipped trace (gvm-replay, gvm-replay-baseline)", ""]
+    if not traces:
+        return out + ["Not in this run."]
+    on_gpu = any(t.get(REPLAY_GVM, {}).get("driver") == "cuda" for t in traces.values())
+    return out + traces_table(traces, on_gpu)
+
+
+def write_peers(path, traces, env):
+    when = "%s (%s)" % (str(env.get("date", "?"))[:10], env.get("gpu", "?"))
+    lines = ["# Peers' figures on the shipped traces: peak reserved / peak live and wall time per",
+             "# allocate or free, each replaying the trace with gvm-replay-baseline on the GPU named",
+             "# (traces/README.md). Written by tools/bench-report.py --peers from one bench-all run.",
+             "trace,allocator,ratio,ns_per_op,measured"]
+    for name in sorted(traces):
+        for k, _ in PEER_COLUMNS:
+            d = traces[name].get(k)
+            if d and d.get("ratio"):
+                ns = d.get("ns_per_op")
+                lines.append("%s,%s,%.3f,%s,%s" % (name, k, d["ratio"], "%.0f" % ns if ns else "", when))
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def replace_block(path, tag, lines):
+    text = open(path).read()
+    b, e = "<!-- %s:begin -->" % tag, "<!-- %s:end -->" % tag
+    if b not in text or e not in text:
+        raise SystemExit("bench-report: %s has no %s ... %s block" % (path, b, e))
+    i, j = text.index(b), text.index(e)
+    text = text[:i] + "\n".join([b, ""] + lines + ["", e]) + text[j + len(e):]
+    open(path, "w").write(text)
+
+
 def section_peer(res, errs):
     out = ["## Peer access (gvm-bench-peer)", ""]
     rows = []
@@ -503,8 +613,29 @@ def main():
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--readme", default=None,
                     help="also replace the block between <!-- numbers:begin --> and "
-                         "<!-- numbers:end --> of this file with the headline table")
+                         "<!-- numbers:end --> of this file with the headline table, and the "
+                         "<!-- traces:begin --> block with the shipped traces' table")
+    ap.add_argument("--peers", default=None, help="rewrite this peers.csv from the run")
+    ap.add_argument("--traces-from", default=None,
+                    help="gvm-replay --json (no trace): only the README's traces block")
     a = ap.parse_args()
+    if a.traces_from:
+        problems = []
+        traces = traces_from_table(a.traces_from, problems)
+        if problems or not traces:
+            sys.exit("bench-report: %s: %s" % (a.traces_from, "; ".join(problems) or "no traces"))
+        if not a.readme:
+            sys.exit("bench-report: --traces-from needs --readme")
+        on_gpu = any(t.get(REPLAY_GVM, {}).get("driver") == "cuda" for t in traces.values())
+        dev = next(iter(traces.values()))[REPLAY_GVM].get("device", "?")
+        lines = ["gvmalloc replayed %s (`gvm-replay --json`, %s); the peers' figures as recorded "
+                 "on one H200 (`traces/README.md`). Again: `build/bench/gvm-replay --json > t.json && "
+                 "tools/bench-report.py --traces-from t.json --readme README.md`." % (
+                     "on " + dev if on_gpu else "on a simulated " + dev + ", which makes the same "
+                     "decisions as the GPU", "driver cuda" if on_gpu else "driver sim"), ""]
+        replace_block(a.readme, "traces", lines + traces_table(traces, on_gpu))
+        print("bench-report: wrote the traces table into %s" % a.readme)
+        return 0
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out_path = a.out or os.path.join(root, "docs", "benchmarks.md")
     img_dir = a.img or os.path.join(os.path.dirname(os.path.abspath(out_path)), "img")
@@ -537,6 +668,8 @@ def main():
     thr_md, thr = section_threads(mt, e_mt)
     growth_md, growth, growth_missed = section_growth(growth_res, e_growth)
     replay_md, replay, replay_notes = section_replay(directory, problems)
+    traces = traces_from_results(directory, problems)
+    traces_md = section_traces(traces)
     peer_md = section_peer(peer_res, e_peer) if glob.glob(os.path.join(directory, "peer*.json")) \
         else ["## Peer access (gvm-bench-peer)", "", "Not in this run."]
 
@@ -618,7 +751,7 @@ def main():
     else:
         md.append("  Not measured in this run (no gvmalloc replay).")
     md.append("")
-    for part in (pair_md, mixed_md, thr_md, growth_md, replay_md, peer_md):
+    for part in (pair_md, mixed_md, thr_md, growth_md, replay_md, traces_md, peer_md):
         md += part + [""]
     md.append("## Plots")
     md.append("")
@@ -658,6 +791,15 @@ def main():
         b, e = readme.index("<!-- numbers:begin -->"), readme.index("<!-- numbers:end -->")
         readme = readme[:b] + "\n".join(head) + readme[e + len("<!-- numbers:end -->"):]
         open(a.readme, "w").write(readme)
+        if traces and "<!-- traces:begin -->" in readme:
+            on_gpu = any(t.get(REPLAY_GVM, {}).get("driver") == "cuda" for t in traces.values())
+            replace_block(a.readme, "traces", [
+                "Measured in the same `tools/bench-all.sh` run (%s): every allocator replaying "
+                "each trace on the GPU. Details: `docs/benchmarks.md`." % env.get("gpu", "?"), ""]
+                + traces_table(traces, on_gpu))
+    if a.peers and traces:
+        write_peers(a.peers, traces, env)
+        print("bench-report: wrote %s" % a.peers)
     with open(out_path, "w") as f:
         f.write(text)
     print("bench-report: wrote %s%s" % (

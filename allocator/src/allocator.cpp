@@ -188,19 +188,8 @@ void* Allocator::allocate(std::size_t bytes, int device, vmm::StreamHandle strea
                         caps.name + "): tried to allocate " + detail::format_bytes(bytes) +
                         ", more than the device's " + detail::format_bytes(caps.total_memory));
   detail::Heap& h = im.heap(device, stream);
-  auto once = [&] {
-    if (bytes <= h.small_max()) return h.allocate_small(bytes);
-    return h.allocate_large(bytes, *h.stream());
-  };
-  try {
-    return once();
-  } catch (const detail::OomAfterReclaim&) {
-    // The out-of-memory path gave back unused spans of the device: their
-    // granules are mapped free memory this heap may now borrow or steal,
-    // which the failed attempt looked for before they were there. Once more;
-    // otherwise the refusal is final.
-    return once();
-  }
+  if (bytes <= h.small_max()) return h.allocate_small(bytes);
+  return h.allocate_large(bytes, *h.stream());
 }
 
 // ------------------------------------------------ pools, capture, per device --

@@ -31,7 +31,7 @@ constexpr std::size_t kGiB = std::size_t{1} << 30;
 constexpr std::size_t kTiB = std::size_t{1} << 40;
 
 // Physical chunks are whole granules; 2 MiB is the granularity of every GPU we
-// know (MEASUREMENTS.md: "2 MiB minimum and recommended" on H200).
+// know (docs/measurements.md: "2 MiB minimum and recommended" on H200).
 constexpr std::size_t kChunkMultiple = 2 * kMiB;
 // Size classes below 512 B would be smaller than kBlockAlignment; above 64 MiB
 // a "small" block would be larger than most chunks and defeat best-fit.
@@ -121,6 +121,14 @@ bool parse_bool(std::string_view key, std::string_view value) {
   bad_value(key, value, "expected true, false, 1 or 0");
 }
 
+std::uint32_t parse_count(std::string_view key, std::string_view value, std::uint32_t max) {
+  std::uint32_t n = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (ec != std::errc{} || end != value.data() + value.size() || n > max)
+    bad_value(key, value, "expected a whole number from 0 to " + std::to_string(max));
+  return n;
+}
+
 bool is_unbounded(std::string_view value) {
   return iequals(value, "none") || iequals(value, "inf");
 }
@@ -137,7 +145,7 @@ struct Key {
   void (*apply)(Config& c, std::string_view key, std::string_view value);
 };
 
-constexpr std::array<Key, 13> kKeys{{
+constexpr std::array<Key, 14> kKeys{{
     {"arena_size",
      [](Config& c, std::string_view k, std::string_view v) { c.arena_bytes = parse_size(k, v); }},
     {"max_chunk_size",
@@ -183,6 +191,10 @@ constexpr std::array<Key, 13> kKeys{{
          bad_value(k, v, "must be between 512B and 64MiB");
        }
        c.small_block_max_bytes = bytes;
+     }},
+    {"span_warmup",
+     [](Config& c, std::string_view k, std::string_view v) {
+       c.span_warmup_allocations = parse_count(k, v, 1u << 30);
      }},
     {"no_vmm",
      [](Config& c, std::string_view k, std::string_view v) { c.force_no_vmm = parse_bool(k, v); }},
@@ -329,6 +341,7 @@ std::string to_string(const Config& c) {
                                ? std::string("none")
                                : size_text(c.release_threshold_bytes));
   add("small_max", size_text(c.small_block_max_bytes));
+  add("span_warmup", std::to_string(c.span_warmup_allocations));
   add("no_vmm", c.force_no_vmm ? "true" : "false");
   add("peer_policy", to_string(c.peer_policy));
   add("scratch_chunk_size", size_text(c.scratch_chunk_bytes));

@@ -107,11 +107,14 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
   const bool capture = capturing();
   const auto live_after =
       static_cast<std::size_t>(std::max<std::int64_t>(0, live_total())) + requested;
-  const GrowthPlan plan = policy_.plan(need, reserved(), live_after,
+  const GrowthPlan plan = policy_.plan(need, reserved(), budget_.peak(), live_after,
                                        static_cast<std::size_t>(peak_live_.load()), arena);
   // During a capture nothing is released (a release fences: a host wait the
   // capture forbids); past the cap that is an out-of-memory that says so.
   if (plan.release != 0 && !capture) {
+    // Empty spans are cached memory too: back to their arenas first, so
+    // that their granules can go with the chunks.
+    for (Heap* x : heaps()) x->reclaim_spans();
     try {
       // The slack bound gives back arena memory only; the cap counts the
       // scratch too (docs/design-notes.md).
@@ -182,10 +185,11 @@ vmm::DevicePtr DeviceHeap::segment_for(Heap& h, std::size_t* bytes, std::size_t 
   const auto live_after =
       static_cast<std::size_t>(std::max<std::int64_t>(0, live_total())) + requested;
   // The same rules as the VMM path, by whole segments.
-  const GrowthPlan plan = policy_.plan(need, reserved(), live_after,
+  const GrowthPlan plan = policy_.plan(need, reserved(), budget_.peak(), live_after,
                                        static_cast<std::size_t>(peak_live_.load()), arena);
   const bool capture = capturing();
   if (plan.release != 0 && !capture) {
+    for (Heap* x : heaps()) x->reclaim_spans();
     try {
       (void)release_cached(plan.release, false, !plan.slack);
     } catch (const vmm::DriverError&) {

@@ -30,8 +30,9 @@ std::size_t GrowthPolicy::cap() const noexcept {
   return cap;
 }
 
-GrowthPlan GrowthPolicy::plan(std::size_t need, std::size_t reserved, std::size_t live_after,
-                              std::size_t peak_live, bool arena) const noexcept {
+GrowthPlan GrowthPolicy::plan(std::size_t need, std::size_t reserved, std::size_t peak_reserved,
+                              std::size_t live_after, std::size_t peak_live,
+                              bool arena) const noexcept {
   GrowthPlan p;
   if (const std::size_t c = cap(); c != 0 && reserved + need > c) p.release = reserved + need - c;
   if (arena && config_.reserve_slack >= 0.0) {
@@ -41,8 +42,8 @@ GrowthPlan GrowthPolicy::plan(std::size_t need, std::size_t reserved, std::size_
     // workload: 42k chunk maps in 2M operations).
     const double peak = static_cast<double>(std::max(live_after, peak_live));
     const auto bound = static_cast<std::size_t>(peak * (1.0 + config_.reserve_slack));
-    if (reserved + need > bound && need * kReleaseGrowthFraction >= reserved &&
-        need >= config_.max_chunk_bytes) {
+    if (reserved + need > bound && reserved + need > peak_reserved &&
+        need * kReleaseGrowthFraction >= reserved) {
       const std::size_t want = reserved + need - bound;
       if (want > p.release) {
         p.release = want;

@@ -44,13 +44,16 @@ struct GrowthPlan {
 
 class GrowthPolicy {
  public:
-  // Release-before-growth runs only for a growth of at least 1/128 of what
-  // is reserved, and of at least one chunk: a release costs a fence (a host
-  // sync) and driver calls, which pays when the growth is large enough to
-  // set the peak (the GPT-2 trace: 1.026 reserved/live, 432 chunks mapped),
-  // not for the small growths of a fragmented steady state (mixed workload:
-  // 555 chunk maps in 2M operations; releasing on every growth: 1.023 but
-  // 9,280 maps - driver churn; docs/design-notes.md).
+  // Release-before-growth runs only for a growth that would set a new peak
+  // of reserved bytes and is at least 1/128 of what is reserved: a release
+  // costs a fence (a host sync) and driver calls, which pays when the growth
+  // would raise the peak, not for the growths of a fragmented steady state
+  // below it (releasing on every growth of the mixed workload: 9,280 chunk
+  // maps in 2M operations - driver churn). It used to need a growth of one
+  // whole chunk too, which kept heaps under a few GiB from ever releasing
+  // (BERT's trace: 0 chunks unmapped, 1.377 reserved/live; with this rule and
+  // the cold size classes 1.102, at 428 chunks mapped instead of 88:
+  // docs/design-notes.md, "Fragmentation").
   static constexpr std::size_t kReleaseGrowthFraction = 128;
 
   GrowthPolicy(const Config& config, std::size_t device_memory) noexcept
@@ -58,12 +61,13 @@ class GrowthPolicy {
 
   // The cap in bytes, 0 = none (the smaller of max_reserved and the fraction).
   std::size_t cap() const noexcept;
-  // The plan for growing by `need` bytes with `reserved` mapped now, `live`
-  // bytes live (plus the request) and `peak_live` the peak so far; `arena`:
+  // The plan for growing by `need` bytes with `reserved` mapped now (and
+  // `peak_reserved` at most so far), `live` bytes live (plus the request)
+  // and `peak_live` the peak so far; `arena`:
   // the slack rule applies (not to the scratch, whose chunks carry peer
   // grants that cost ~1 ms per 64 MiB to make again, docs/measurements.md).
-  GrowthPlan plan(std::size_t need, std::size_t reserved, std::size_t live_after,
-                  std::size_t peak_live, bool arena) const noexcept;
+  GrowthPlan plan(std::size_t need, std::size_t reserved, std::size_t peak_reserved,
+                  std::size_t live_after, std::size_t peak_live, bool arena) const noexcept;
 
   void set_fraction(double f) noexcept { fraction_override_.store(f, std::memory_order_relaxed); }
   double fraction() const noexcept;

@@ -138,6 +138,16 @@ void* Heap::finish_large(Block* b, StreamState& user, std::size_t bytes, bool hi
 }
 
 void* Heap::allocate_large(std::size_t bytes, StreamState& user) {
+  try {
+    return allocate_large_once(bytes, user);
+  } catch (const OomAfterReclaim&) {
+    // As in allocate_small_slow: memory given back by the out-of-memory
+    // path may now be stolen; once more.
+    return allocate_large_once(bytes, user);
+  }
+}
+
+void* Heap::allocate_large_once(std::size_t bytes, StreamState& user) {
   const std::size_t size = round_up(bytes, kBlockAlignment);
   Block* b = nullptr;
   WaitSet waits;  // what the memory's last users left for `user` to wait for
@@ -192,13 +202,14 @@ void* Heap::allocate_large(std::size_t bytes, StreamState& user) {
   };
   if (!mapped) {
     // Before growing: mapped free memory of another stream's heap.
-    if (kind_ == Kind::stream && !device_.capturing()) {
-      if (void* p = device_.steal(size, bytes, user, this); p != nullptr) {
-        undo();
-        return p;
-      }
-    }
     try {
+      if (kind_ == Kind::stream && !device_.capturing()) {
+        if (void* p = device_.steal(size, bytes, user, this); p != nullptr) {
+          undo();
+          return p;
+        }
+      }
+      // (A steal whose stream wait fails throws: b goes back as well.)
       map_under(b, counted, bytes);
     } catch (...) {
       undo();
@@ -593,28 +604,88 @@ void Heap::give_back_span(Span* s) {
 
 void* Heap::allocate_small(std::size_t bytes) {
   const int cls = size_class_of(bytes);
-  const std::size_t slot = class_size(cls);
-  for (;;) {
-    {
-      std::lock_guard<SpinLock> guard(lock_);
-      std::uintptr_t p = small_.pop(cls);
-      if (p != 0) [[likely]] {
-        ++allocations_;
-        ++hits_;
-        add_live(static_cast<std::int64_t>(slot));
-        return reinterpret_cast<void*>(p);
-      }
+  {
+    std::lock_guard<SpinLock> guard(lock_);
+    const std::uintptr_t p = small_.pop(cls);
+    if (p != 0) [[likely]] {
+      ++allocations_;
+      ++hits_;
+      add_live(static_cast<std::int64_t>(class_size(cls)));
+      return reinterpret_cast<void*>(p);
     }
-    // No free slot in any span of the class: a new span (its granule from
-    // this heap's arena or lent by another, with the lock released), whose
-    // first slot is ours.
-    std::uintptr_t p = 0;
-    (void)new_span(cls, bytes, &p);  // counted there, under the lock that took the slot
-    return reinterpret_cast<void*>(p);
   }
+  return allocate_small_slow(cls, bytes);
+}
+
+void* Heap::allocate_small_slow(int cls, std::size_t bytes) {
+  bool cold = false;
+  {
+    std::lock_guard<SpinLock> guard(lock_);
+    cold = small_.cold(cls, device_.config().span_warmup_allocations);
+  }
+  // A class still cold is served best fit by the large arena: a span
+  // commits a whole granule to one class of this stream, which a class of
+  // a few blocks mostly wastes (docs/design-notes.md, "Fragmentation").
+  if (cold) return allocate_large(bytes, *stream());
+  // No free slot in any span of the class: a new span (its granule from this
+  // heap's arena or lent by another, with the lock released), whose first
+  // slot is ours (counted there, under the lock that took it).
+  std::uintptr_t p = 0;
+  try {
+    (void)new_span(cls, bytes, &p);
+  } catch (const OomAfterReclaim&) {
+    // The out-of-memory path gave back unused spans of the device: their
+    // granules may now be lent, which this attempt looked for before they
+    // were there. Once more; then the refusal is final.
+    (void)new_span(cls, bytes, &p);
+  }
+  return reinterpret_cast<void*>(p);
+}
+
+void Heap::throw_bad_slot(Span* s, std::uintptr_t addr, std::size_t bytes, bool live) const {
+  if (!live)
+    throw usage_error("gvmalloc: deallocate(" + hex(addr) + ") on device " + std::to_string(device()) +
+                      ": not a live block (already freed, never allocated, or an interior pointer)");
+  throw usage_error("gvmalloc: deallocate(" + hex(addr) + ", " + std::to_string(bytes) +
+                    " bytes) on device " + std::to_string(device()) +
+                    ": the block was allocated with a size in another class (slot of " +
+                    std::to_string(s->slot_size) + " bytes)");
 }
 
 void Heap::free_slot(Span* s, std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream) {
+  StreamState* own = this->stream();
+  if (own != nullptr && stream == own->handle()) [[likely]] {
+    // The hot path: freed on the heap's own stream, nobody recorded on it:
+    // the slot is reusable by this stream at once.
+    Span* unused = nullptr;
+    {
+      std::lock_guard<SpinLock> guard(lock_);
+      const std::uint32_t idx = s->slot_at(addr - s->base);
+      if (idx == s->slots || !s->is_allocated(idx)) [[unlikely]]
+        throw_bad_slot(s, addr, bytes, false);
+      if (bytes != kUnknownSize &&
+          (bytes == 0 || bytes > s->slot_size || size_class_of(bytes) != s->size_class)) [[unlikely]]
+        throw_bad_slot(s, addr, bytes, true);
+      if (!small_.recorded().empty()) [[unlikely]]
+        goto slow;
+      ++frees_;
+      add_live(-static_cast<std::int64_t>(s->slot_size));
+      s->push(idx);
+      unused = small_.pushed(s);
+      if (unused == nullptr) [[likely]]
+        return;
+      give_back_span(unused);
+      if (lent_back_.empty()) return;
+    }
+    drain_lent();
+    return;
+  }
+slow:
+  free_slot_slow(s, addr, bytes, stream);
+}
+
+void Heap::free_slot_slow(Span* s, std::uintptr_t addr, std::size_t bytes,
+                          vmm::StreamHandle stream) {
   StreamState* own = this->stream();
   const bool same = own != nullptr && stream == own->handle();
   StreamState* freer = same ? nullptr : &device_.streams().get(stream);
@@ -624,16 +695,10 @@ void Heap::free_slot(Span* s, std::uintptr_t addr, std::size_t bytes, vmm::Strea
   {
     std::lock_guard<SpinLock> guard(lock_);
     idx = s->slot_at(addr - s->base);
-    if (idx == s->slots || !s->is_allocated(idx))
-      throw usage_error("gvmalloc: deallocate(" + hex(addr) + ") on device " +
-                        std::to_string(device()) +
-                        ": not a live block (already freed, never allocated, or an interior pointer)");
+    if (idx == s->slots || !s->is_allocated(idx)) throw_bad_slot(s, addr, bytes, false);
     if (bytes != kUnknownSize &&
         (bytes == 0 || bytes > s->slot_size || size_class_of(bytes) != s->size_class))
-      throw usage_error("gvmalloc: deallocate(" + hex(addr) + ", " + std::to_string(bytes) +
-                        " bytes) on device " + std::to_string(device()) +
-                        ": the block was allocated with a size in another class (slot of " +
-                        std::to_string(s->slot_size) + " bytes)");
+      throw_bad_slot(s, addr, bytes, true);
     ++frees_;
     add_live(-static_cast<std::int64_t>(s->slot_size));
     auto& rec = small_.recorded();
@@ -644,11 +709,10 @@ void Heap::free_slot(Span* s, std::uintptr_t addr, std::size_t bytes, vmm::Strea
       }
     }
     if (freer == nullptr && others.empty()) {
-      // The hot path: the owner stream reuses the slot at once.
+      // The owner stream reuses the slot at once.
       s->push(idx);
       Span* unused = small_.pushed(s);
-      if (unused == nullptr) [[likely]]
-        return;
+      if (unused == nullptr) return;
       give_back_span(unused);
       if (lent_back_.empty()) return;
       drain = true;
@@ -706,9 +770,10 @@ std::size_t Heap::release_cached(std::size_t want, bool all) {
     std::size_t sum = 0;
     for (std::uint32_t c : arena_.cached_chunks()) {  // largest first
       if (!all && sum >= want) break;
-      sum += arena_.chunk_size(c);
-      picked.emplace_back();
-      waits.merge(arena_.begin_release(c, &picked.back()));
+      LargeArena::Release r;
+      if (!arena_.begin_release(c, &r, &waits)) continue;
+      sum += r.size;
+      picked.push_back(std::move(r));
     }
   }
   if (picked.empty()) return 0;

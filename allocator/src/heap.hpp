@@ -157,6 +157,11 @@ class Heap {
 
  private:
   void* finish_large(Block* b, StreamState& user, std::size_t bytes, bool hit);
+  void* allocate_large_once(std::size_t bytes, StreamState& user);
+  void* allocate_small_slow(int cls, std::size_t bytes);
+  void free_slot_slow(Span* s, std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream);
+  [[noreturn, gnu::cold, gnu::noinline]] void throw_bad_slot(Span* s, std::uintptr_t addr,
+                                                             std::size_t bytes, bool live) const;
   Block* grow_for(std::size_t size, std::size_t alignment, StreamState& user, std::size_t requested,
                   WaitSet* waits);
   void map_under(Block* b, std::vector<std::uint32_t>& counted, std::size_t requested);

@@ -465,25 +465,30 @@ std::size_t LargeArena::cached_bytes() const {
   return n;
 }
 
-WaitSet LargeArena::begin_release(std::uint32_t idx, Release* out) {
+bool LargeArena::begin_release(std::uint32_t idx, Release* out, WaitSet* waits) {
   ChunkRec& c = chunks_[idx];
-  c.releasing = true;
-  out->chunk = idx;
-  out->size = c.size;
-  out->mem = std::move(c.mem);
-  out->segment = c.segment != nullptr ? c.segment->segment : 0;
-  WaitSet waits;
   const std::uintptr_t lo = c.addr, hi = c.addr + c.size;
-  // The chunk is wholly free: free blocks cover it. Cut each at the chunk's
-  // edges and take the pieces inside out of the free set.
   Region* r = c.segment;
   if (r == nullptr) {
     for (const auto& reg : regions_)
       if (lo - reg->base < reg->size) r = reg.get();
   }
-  if (r == nullptr) return waits;
-  Block* b = r->first;
-  while (b != nullptr && b->end() <= lo) b = b->next;
+  Block* first = r == nullptr ? nullptr : r->first;
+  while (first != nullptr && first->end() <= lo) first = first->next;
+  // A count of zero is not proof enough: a block taken over an edge granule
+  // of this chunk before the growth of its neighbour mapped it is not yet
+  // counted here (it counts itself once its own growth runs, heap.cpp's
+  // map_under). Only free blocks may cover a chunk that goes.
+  for (const Block* b = first; b != nullptr && b->addr < hi; b = b->next)
+    if (!b->free) return false;
+  c.releasing = true;
+  out->chunk = idx;
+  out->size = c.size;
+  out->mem = std::move(c.mem);
+  out->segment = c.segment != nullptr ? c.segment->segment : 0;
+  // The chunk is wholly free: free blocks cover it. Cut each at the chunk's
+  // edges and take the pieces inside out of the free set.
+  Block* b = first;
   while (b != nullptr && b->addr < hi) {
     Block* next = b->next;
     if (b->free) {
@@ -495,13 +500,13 @@ WaitSet LargeArena::begin_release(std::uint32_t idx, Release* out) {
       }
       if (b->end() > hi) insert_free(split_after(b, hi - b->addr));
       next = b->next;
-      waits.merge(b->waits);
+      waits->merge(b->waits);
       b->free = false;
       b->releasing = true;
     }
     b = next;
   }
-  return waits;
+  return true;
 }
 
 vmm::Result LargeArena::drop(Release& r) noexcept {

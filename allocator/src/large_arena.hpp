@@ -130,8 +130,10 @@ class LargeArena {
     vmm::MappedChunk mem;        // VMM
     vmm::DevicePtr segment = 0;  // no VMM
   };
-  // Begins the release of chunk c; returns what it must wait for.
-  WaitSet begin_release(std::uint32_t c, Release* out);
+  // Begins the release of chunk c, adding what it must wait for to *waits;
+  // false, changing nothing, when a block that is not free still lies over
+  // part of it (one whose count is not in yet: begin_release says why).
+  bool begin_release(std::uint32_t c, Release* out, WaitSet* waits);
   // The driver call that drops it (VMM: unmap + release; no VMM: cuMemFree
   // of the segment). No lock needed.
   vmm::Result drop(Release& r) noexcept;

@@ -24,10 +24,10 @@ void SmallBlocks::partial_remove(Span* s) {
   s->in_partial = false;
 }
 
-std::uintptr_t SmallBlocks::pop(int cls) noexcept {
+std::uintptr_t SmallBlocks::pop_slow(int cls) noexcept {
   const auto c = static_cast<std::size_t>(cls);
   Span* s = current_[c];
-  if (s == nullptr || s->full()) [[unlikely]] {
+  {
     // The current span is full (it is on no list: a free puts it back on the
     // partial list). A partial span, else the spare.
     s = partial_[c];
@@ -66,9 +66,8 @@ void SmallBlocks::add_span(Span* s) {
   current_[c] = s;
 }
 
-Span* SmallBlocks::pushed(Span* s) {
+Span* SmallBlocks::pushed_slow(Span* s) {
   const auto c = static_cast<std::size_t>(s->size_class);
-  if (s == current_[c]) return nullptr;
   if (s->free_count == 1 && !s->unused()) {
     partial_push(s);  // it was full
     return nullptr;

@@ -67,6 +67,12 @@ class SimAllocatorTest : public ::testing::Test {
     c.max_chunk_bytes = kGranule;
     return c;
   }
+  // Small blocks from spans from the first allocation on (tests of spans;
+  // by default a class is served best fit until it is warm).
+  static Config spans_now(Config c) {
+    c.span_warmup_allocations = 0;
+    return c;
+  }
   Allocator& make(Config c) {
     alloc_.reset();
     alloc_ = std::make_unique<Allocator>(*sim_, c);
@@ -123,7 +129,7 @@ void PrintTo(const OrderCase& c, std::ostream* os) {
 class StreamOrder : public SimAllocatorTest, public ::testing::WithParamInterface<OrderCase> {
  protected:
   void SetUp() override {
-    Config c = tiny();
+    Config c = spans_now(tiny());
     c.force_no_vmm = GetParam().no_vmm;
     make(c);
     s_ = GetParam().legacy == Legacy::first ? nullptr : new_stream();
@@ -436,7 +442,7 @@ class Faults : public SimAllocatorTest, public ::testing::WithParamInterface<Fau
 
 TEST_P(Faults, FailedGrowthLeaksNothingAndTheNextAllocationWorks) {
   const FaultCase& f = GetParam();
-  Config c = tiny();
+  Config c = f.small ? spans_now(tiny()) : tiny();
   c.force_no_vmm = f.no_vmm;
   Allocator& a = make(c);
   const bool first_use = f.call == Call::address_reserve;
@@ -698,7 +704,7 @@ TEST_F(SimAllocatorTest, RecycledHandleOfAForgottenStreamIsANewStream) {
 TEST_F(SimAllocatorTest, ManyRecordedStreamsAreAllWaitedFor) {
   for (bool small : {false, true}) {
     SCOPED_TRACE(small ? "small" : "large");
-    Allocator& a = make(tiny());
+    Allocator& a = make(spans_now(tiny()));
     StreamHandle s = new_stream();
     std::vector<StreamHandle> readers;
     for (int i = 0; i < 6; ++i) readers.push_back(new_stream());
@@ -814,6 +820,47 @@ TEST_F(SimAllocatorTest, DeallocateDoesNotThrowForDriverTrouble) {
     EXPECT_EQ(sim().race_count(), 0u) << first_race(sim());
     a.deallocate(q, 4096, 0, s);
   }
+}
+
+
+// A block taken over unmapped address space, then a steal of another
+// stream's mapped free block whose wait cannot be had (no stream wait, no
+// device sync): the allocation fails and every block is as it was (the
+// taken one used to stay allocated, held by nobody, until the allocator
+// went).
+TEST_F(SimAllocatorTest, StealWhoseWaitFailsLosesNothing) {
+  const Call call = Call::stream_wait_event;
+  Allocator& a = make(tiny());
+  StreamHandle s = new_stream(), t = new_stream();
+  // s's heap: 8 MiB mapped and free, address space after it.
+  void* first = a.allocate(8 * kMiB, 0, s);
+  a.deallocate(first, 8 * kMiB, 0, s);
+  // t's heap: a mapped free block, last used by t (a steal waits for t).
+  void* q = a.allocate(16 * kMiB, 0, t);
+  ASSERT_TRUE(ok(sim().enqueue_access(0, t, dptr(q), 16 * kMiB, AccessKind::write)));
+  a.deallocate(q, 16 * kMiB, 0, t);
+  const Counts before = counts();
+  const std::uint64_t calls = sim().call_count(call);
+  // 12 MiB on s: its free block is not mapped all through, t's is.
+  sim().fail_every_call(call, Result::unknown);
+  sim().fail_every_call(Call::ctx_synchronize, Result::unknown);  // the fallback
+  EXPECT_THROW(a.allocate(12 * kMiB, 0, s), driver_error);
+  sim().clear_faults();
+  ASSERT_GT(sim().call_count(call), calls) << "no steal was tried: the test is off its path";
+  EXPECT_TRUE(invariants());
+  EXPECT_EQ(a.device_stats(0).live_bytes, 0u);
+  Counts after = counts();
+  after.events = before.events;  // s's own event, made for the wait: s keeps it
+  EXPECT_EQ(after, before);
+  // The range it had taken is free again: once nothing is left to steal, the
+  // same allocation lands there.
+  a.trim();
+  void* again = a.allocate(12 * kMiB, 0, s);
+  EXPECT_EQ(again, first) << "the failed allocation's range is still held";
+  a.deallocate(again, 12 * kMiB, 0, s);
+  a.trim();
+  EXPECT_EQ(a.device_stats(0).reserved_bytes, 0u);
+  EXPECT_EQ(sim().physical_used(0), 0u);
 }
 
 }  // namespace

@@ -87,14 +87,28 @@ def main():
                                         peak_reserved_bytes=37129910353))
         write("replay-torch_expandable.json", dict(base, impl="torch_expandable", ratio=1.5,
                                                    ns_per_op=2000.0, peak_reserved_bytes=2))
+        for t, g, e in (("bert_infer", 1.135, 1.218), ("resnet50_train", 1.017, 1.011)):
+            tb = {"trace": "/x/%s.trace.gz" % t, "events": 1000, "peak_live_bytes": 10}
+            write("traces-gvmalloc-%s.json" % t, dict(tb, ratio=g, ns_per_op=300.0, driver="cuda",
+                                                      driver_calls=77))
+            write("traces-torch-%s.json" % t, dict(tb, impl="torch", ratio=2.3, ns_per_op=900.0))
+            write("traces-torch_expandable-%s.json" % t, dict(tb, impl="torch_expandable", ratio=e,
+                                                              ns_per_op=800.0))
+            write("traces-async-%s.json" % t, dict(tb, impl="cudaMallocAsync", ratio=1.3,
+                                                   ns_per_op=1200.0))
         with open(os.path.join(res, "timeline-gvmalloc.csv"), "w") as f:
             f.write("# comment\nevent,live_bytes,reserved_bytes\n1,100,2097152\n2,0,2097152\n")
         with open(os.path.join(res, "alloc-broken.json"), "w") as f:
             f.write("{not json")
 
         out = os.path.join(tmp, "docs", "benchmarks.md")
-        p = subprocess.run([sys.executable, report, res, "--out", out],
-                           capture_output=True, text=True)
+        readme = os.path.join(tmp, "README.md")
+        with open(readme, "w") as f:
+            f.write("x\n<!-- numbers:begin -->\nold\n<!-- numbers:end -->\n"
+                    "<!-- traces:begin -->\nold\n<!-- traces:end -->\ny\n")
+        peers = os.path.join(tmp, "peers.csv")
+        p = subprocess.run([sys.executable, report, res, "--out", out, "--readme", readme,
+                            "--peers", peers], capture_output=True, text=True)
         check(p.returncode == 0, "report exit %d: %s" % (p.returncode, p.stderr))
         text = open(out).read() if os.path.exists(out) else ""
         print(text)
@@ -127,6 +141,29 @@ def main():
               "torch expandable mismatch explained")
         check("alloc-broken.json: unreadable" in text, "an unreadable file is reported, not fatal")
         check("Not in this run." in text, "absent peer results said so")
+        check("## Every shipped trace" in text, "the shipped traces' section")
+        check("| bert_infer | 1.135 | 2.300 | 1.218 | 1.300 | yes | 77 |" in text,
+              "a trace row below its best peer: %s" % text)
+        check("| resnet50_train | 1.017 | 2.300 | 1.011 | 1.300 | **no** (1.011) | 77 |" in text,
+              "a trace row not below its best peer")
+        check("| bert_infer | 300 ns | 900 ns | 800 ns | 1.2 µs |" in text, "the times row")
+        rtext = open(readme).read()
+        check("| bert_infer | 1.135 |" in rtext and "old" not in rtext and rtext.endswith("y\n"),
+              "README's traces block replaced: %s" % rtext)
+        ptext = open(peers).read() if os.path.exists(peers) else ""
+        check("bert_infer,torch_expandable,1.218,800," in ptext, "peers.csv written: %s" % ptext)
+        # --traces-from: gvm-replay's JSON table into the README alone.
+        table_json = os.path.join(tmp, "t.json")
+        with open(table_json, "w") as f:
+            json.dump([{"trace": "llama_generate", "ratio": 1.0017, "driver_calls": 229,
+                        "ns_per_op": 61.0, "driver": "sim", "device": "NVIDIA H200",
+                        "peers": {"torch": {"ratio": 1.074}, "torch_expandable": {"ratio": 1.045},
+                                  "cudaMallocAsync": {"ratio": 1.004}}}], f)
+        q = subprocess.run([sys.executable, report, "--traces-from", table_json, "--readme", readme],
+                           capture_output=True, text=True)
+        rtext = open(readme).read()
+        check(q.returncode == 0 and "| llama_generate | 1.002 | 1.074 | 1.045 | 1.004 | yes | 229 |"
+              in rtext and "CPU, simulated driver" in rtext, "--traces-from: %s %s" % (q.stderr, rtext))
         # Plots: drawn with matplotlib, otherwise said to be skipped.
         try:
             import matplotlib  # noqa: F401

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -288,8 +289,8 @@ TEST(ReplayTool, JsonHasTheKeysAndTheFigures) {
   std::remove(csv.c_str());
 }
 
-TEST(ReplayTool, TextReportOnTheDefaultTrace) {
-  const ToolRun r = run_replay("--driver sim --profile h200");
+TEST(ReplayTool, TextReportOnOneTrace) {
+  const ToolRun r = run_replay("--driver sim --profile h200 '" + shipped_trace() + "'");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("gpt2_train.trace.gz"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("events         114839 (57421 allocations, 57418 frees)"), std::string::npos)
@@ -298,6 +299,81 @@ TEST(ReplayTool, TextReportOnTheDefaultTrace) {
   for (const char* label : {"peak reserved", "ratio", "driver calls", "ns per op", "device"}) {
     EXPECT_NE(r.out.find(label), std::string::npos) << label << " missing in\n" << r.out;
   }
+  EXPECT_NE(r.out.find("conf           defaults\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("CPU time on the simulated driver, not a GPU figure"), std::string::npos)
+      << r.out;
+  const ToolRun c = run_replay("--driver sim --conf reserve_slack:0.05 '" + shipped_trace() + "'");
+  EXPECT_NE(c.out.find("conf           reserve_slack:0.05\n"), std::string::npos) << c.out;
+}
+
+// The main job: no trace, every shipped trace in one table beside the peers.
+TEST(ReplayTool, WithoutATraceTheTableCoversEveryShippedTrace) {
+  const ToolRun r = run_replay("--driver sim --plot none");
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* t : {"gpt2_train", "resnet50_train", "bert_infer", "llama_generate"})
+    EXPECT_NE(r.out.find(std::string("\n") + t + " "), std::string::npos) << t << "\n" << r.out;
+  for (const char* label : {"PyTorch", "expandable", "cudaMallocAsync", "best peer", "driver calls",
+                            "1.948", "1.218", "1.004", "(simulated)", "not a GPU"})
+    EXPECT_NE(r.out.find(label), std::string::npos) << label << " missing in\n" << r.out;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);)
+    EXPECT_LE(line.size(), 110u) << "a line too long to read: " << line;
+  EXPECT_EQ(r.out.find("plot "), std::string::npos) << "--plot none draws nothing";
+}
+
+TEST(ReplayTool, WithoutATraceJsonIsOneObjectPerTrace) {
+  const ToolRun r = run_replay("--driver sim --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  test::Json json;
+  std::string why;
+  ASSERT_TRUE(test::JsonReader::parse(r.out, &json, &why)) << why << "\n" << r.out;
+  ASSERT_EQ(json.kind, test::Json::Kind::array);
+  ASSERT_EQ(json.items.size(), 4u);
+  for (const test::Json& t : json.items) {
+    for (const char* key : {"trace", "ratio", "driver_calls", "ns_per_op", "peers", "peak_live_bytes"})
+      EXPECT_NE(t.find(key), nullptr) << key;
+    ASSERT_NE(t.find("peers"), nullptr);
+    EXPECT_NE(t.find("peers")->find("torch_expandable"), nullptr);
+  }
+}
+
+// --snapshot: a PyTorch memory snapshot (the one PyTorch 2.11 wrote on an H200,
+// tests/python/data) converted by tools/snapshot_to_trace.py and replayed, beside
+// what PyTorch reserved in the same run.
+TEST(ReplayTool, SnapshotIsReplayedBesideWhatPyTorchReserved) {
+  if (std::system("python3 -c 1 >/dev/null 2>&1") != 0) GTEST_SKIP() << "python3 not found (the converter is Python)";
+  const std::string snap = std::string(GVM_SOURCE_DIR) + "/tests/python/data/small_snapshot.pickle";
+  const ToolRun r = run_replay("--driver sim --snapshot '" + snap + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("events         221 (115 allocations, 106 frees)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("peak live      75845720 bytes"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("PyTorch        peak reserved 115343360 bytes"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("expandable_segments off"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("saving         gvmalloc reserves "), std::string::npos) << r.out;
+  const ToolRun j = run_replay("--driver sim --json --snapshot '" + snap + "'");
+  ASSERT_EQ(j.status, 0) << j.err;
+  test::Json json;
+  std::string why;
+  ASSERT_TRUE(test::JsonReader::parse(j.out, &json, &why)) << why << "\n" << j.out;
+  ASSERT_NE(json.find("pytorch_peak_reserved_bytes"), nullptr);
+  EXPECT_EQ(json.find("pytorch_peak_reserved_bytes")->as_u64(), 115343360u);
+}
+
+TEST(ReplayTool, SnapshotsThatCannotBeUsedSayWhy) {
+  if (std::system("python3 -c 1 >/dev/null 2>&1") != 0) GTEST_SKIP() << "python3 not found (the converter is Python)";
+  const std::string junk = temp_path("junk.pickle");
+  std::ofstream(junk) << "junk";
+  ToolRun r = run_replay("--driver sim --snapshot '" + junk + "'");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("not a PyTorch memory snapshot"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  r = run_replay("--driver sim --snapshot /nonexistent/x.pickle");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("cannot open /nonexistent/x.pickle"), std::string::npos) << r.err;
+  r = run_replay("--driver sim --snapshot x.pickle x.trace");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("give a TRACE or --snapshot, not both"), std::string::npos) << r.err;
+  std::remove(junk.c_str());
 }
 
 // --driver auto takes the real driver when one loads; otherwise it says so on
@@ -343,6 +419,10 @@ TEST(ReplayTool, BadInputExitsOneWithAMessage) {
       {"--driver sim --conf nonsense_key:1", "--conf: "},
       {"--driver sim /nonexistent/x.trace", "cannot open: No such file or directory"},
       {"--driver sim " + bad, "bad trace: "},
+      {"--driver sim --timeline x.csv", "--timeline needs one TRACE"},
+      {"--driver sim --timeline /nonexistent/t.csv " + bad,
+       "--timeline '/nonexistent/t.csv': cannot write: No such file or directory"},
+      {"--plot=", "--plot needs a file name or none"},
   };
   for (const BadRun& c : cases) {
     SCOPED_TRACE(c.args);
@@ -350,6 +430,24 @@ TEST(ReplayTool, BadInputExitsOneWithAMessage) {
     EXPECT_EQ(r.status, 1);
     EXPECT_TRUE(r.out.empty()) << r.out;
     EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
+  }
+  // One line, not the usage text: the message and where the options are.
+  {
+    const ToolRun r = run_replay("--bogus");
+    EXPECT_EQ(r.err, "gvm-replay: unknown option '--bogus' (gvm-replay --help lists the options)\n");
+  }
+  // GVM_CONF's error names it once.
+  {
+    const std::string cmd = std::string("GVM_CONF=nonsense_key:1 '") + GVM_REPLAY_EXE +
+                            "' --driver sim 2>&1 >/dev/null";
+    std::string err;
+    if (FILE* f = popen(cmd.c_str(), "r")) {
+      char buf[512];
+      while (std::fgets(buf, sizeof buf, f) != nullptr) err += buf;
+      (void)pclose(f);
+    }
+    EXPECT_NE(err.find("GVM_CONF: "), std::string::npos) << err;
+    EXPECT_EQ(err.find("GVM_CONF: GVM_CONF"), std::string::npos) << err;
   }
   // The line of the bad trace is named.
   const ToolRun r = run_replay("--driver sim " + bad);

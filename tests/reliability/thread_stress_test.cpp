@@ -110,5 +110,61 @@ TEST(ThreadStress, AllocateFreeRecordTrimOnSharedDevices) {
               ooms.load());
 }
 
+
+// Two threads on one stream, blocks that straddle granules (a growing block
+// shares its edge granules with its neighbours), a third trimming: a chunk
+// mapped by one block's growth lies under a neighbour still on its way to
+// its own growth. Its count of blocks must not read zero to a release then
+// (it did: the chunk was unmapped under the live neighbour, which a GPU
+// faults on). The outcome is checked after every round.
+TEST(ThreadStress, GrowingNeighboursOnOneStreamWithATrim) {
+  auto sim = vmm::SimDriver::uniform(vmm::Profile::h200, 1);
+  StreamHandle s = nullptr;
+  ASSERT_EQ(sim->stream_create(0, &s), Result::success);
+  Config c;
+  c.max_chunk_bytes = 2 * kMiB;
+  c.release_threshold_bytes = 0;  // every free above nothing gives back
+  auto alloc = std::make_unique<Allocator>(*sim, c);
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0};
+  auto worker = [&](unsigned seed) {
+    std::mt19937 rng(seed);
+    while (!stop.load(std::memory_order_relaxed)) {
+      // 1-3 MiB and an odd tail: neither end on a granule boundary.
+      const std::size_t n = kMiB + rng() % (2 * kMiB) + 4096 * (1 + rng() % 100);
+      try {
+        void* p = alloc->allocate(n, 0, s);
+        // The GPU writes it: all of it must be mapped now.
+        const Result r = sim->enqueue_access(0, s, reinterpret_cast<vmm::DevicePtr>(p), n,
+                                             vmm::AccessKind::write);
+        if (r != Result::success) {
+          if (failures++ == 0) ADD_FAILURE() << "a kernel on a fresh block: " << vmm::result_name(r);
+          return;
+        }
+        alloc->deallocate(p, n, 0, s);
+      } catch (const std::exception& e) {
+        if (failures++ == 0) ADD_FAILURE() << e.what();
+        return;
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < 2; ++t) threads.emplace_back(worker, 17u + t);
+  std::thread trimmer([&] {
+    for (int i = 0; i < 4000 && failures.load() == 0; ++i) alloc->trim();
+    stop = true;
+  });
+  trimmer.join();
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  std::string why;
+  EXPECT_TRUE(alloc->check_invariants(&why)) << why;
+  EXPECT_EQ(sim->race_count(), 0u);
+  alloc->trim();
+  EXPECT_EQ(sim->physical_used(0), 0u);
+  alloc.reset();
+  (void)sim->stream_destroy(0, s);
+}
+
 }  // namespace
 }  // namespace gvm::test

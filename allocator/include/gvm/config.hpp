@@ -27,7 +27,7 @@ struct Config {
   std::size_t arena_bytes = 0;  // key: arena_size
   // Largest physical chunk (one cuMemCreate handle) made in one growth step.
   // Growth maps exactly the granules a request needs, as handles of up to this
-  // size. Driver cost follows the number of handles (MEASUREMENTS.md: 512
+  // size. Driver cost follows the number of handles (docs/measurements.md: 512
   // handles of 2 MiB cost ~20x one 1 GiB handle), but a handle can be
   // unmapped only when wholly free. Replaying the GPT-2 trace with
   // reserve_slack 0.02: 32 MiB -> 1.018 reserved/live and 2,912 handles made,
@@ -51,12 +51,18 @@ struct Config {
   std::size_t release_threshold_bytes = SIZE_MAX;  // key: release_threshold
   // Requests up to this size are served from O(1) size classes.
   std::size_t small_block_max_bytes = std::size_t{1} << 20;  // key: small_max
+  // A small-block size class gets spans (its O(1) cache) on a stream only
+  // after this many allocations of it on that stream; until then the
+  // best-fit arena serves it. A span commits a whole granule to one class
+  // of one stream, which a class of a few blocks mostly wastes
+  // (docs/design-notes.md, "Fragmentation"). 0 = spans from the first one.
+  std::uint32_t span_warmup_allocations = 256;  // key: span_warmup
   // Force the no-VMM path (chunks from cuMemAlloc) even where VMM works.
   bool force_no_vmm = false;  // key: no_vmm
   // Peer access policy for every device pair (automatic = from DeviceCaps).
   PeerPolicy peer_policy = PeerPolicy::automatic;  // key: peer_policy
   // Physical chunk size of the peer scratch buffer. A peer grant costs ~1 ms
-  // per 64 MiB and ~9.4 ms per GiB on H200 (MEASUREMENTS.md).
+  // per 64 MiB and ~9.4 ms per GiB on H200 (docs/measurements.md).
   std::size_t scratch_chunk_bytes = std::size_t{64} << 20;  // key: scratch_chunk_size
   // Reserve for the scratch buffer per device; 0 = the device's memory size.
   std::size_t scratch_arena_bytes = 0;  // key: scratch_arena_size

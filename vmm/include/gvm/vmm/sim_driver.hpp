@@ -94,7 +94,7 @@
 
 namespace gvm::vmm {
 
-// The GPUs the simulator can pretend to be (DESIGN.md lists the range).
+// The GPUs the simulator can pretend to be (each one's caps: vmm/src/sim_profiles.cpp).
 enum class Profile : int { p40, v100, t4, a100, l4, h100, h200, b200 };
 
 inline constexpr std::array<Profile, 8> kAllProfiles = {Profile::p40,  Profile::v100, Profile::t4,

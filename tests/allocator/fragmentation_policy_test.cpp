@@ -1,0 +1,192 @@
+// The fragmentation policy's rules, one by one, on a simulated H200
+// (docs/design-notes.md, "Fragmentation"):
+//
+//   cold classes      a size class is served best fit from the arena until it
+//                     has made span_warmup allocations on a stream, then spans
+//   new-peak release  a growth that would set a new peak of reserved bytes
+//                     returns wholly free chunks first, whatever its size;
+//                     empty spans are given back before such a release
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "gvm/allocator.hpp"
+#include "gvm/vmm/sim_driver.hpp"
+
+namespace gvm::test {
+namespace {
+
+using vmm::Result;
+using vmm::SimDriver;
+using vmm::StreamHandle;
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+class FragmentationPolicy : public ::testing::Test {
+ protected:
+  FragmentationPolicy() : sim_(SimDriver::uniform(vmm::Profile::h200, 1)) {}
+  ~FragmentationPolicy() override {
+    alloc_.reset();
+    for (StreamHandle s : streams_) (void)sim_->stream_destroy(0, s);
+  }
+  Allocator& make(Config c = {}) {
+    alloc_.reset();
+    alloc_ = std::make_unique<Allocator>(*sim_, c);
+    return *alloc_;
+  }
+  StreamHandle new_stream() {
+    StreamHandle s = nullptr;
+    EXPECT_EQ(sim_->stream_create(0, &s), Result::success);
+    streams_.push_back(s);
+    return s;
+  }
+  // The memory_map entry that starts at p (nullptr if none).
+  static const BlockInfo* block_at(const std::vector<SegmentInfo>& map, const void* p) {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    for (const SegmentInfo& s : map)
+      for (const BlockInfo& b : s.blocks)
+        if (b.addr == a) return &b;
+    return nullptr;
+  }
+  DeviceStats stats() const { return alloc_->device_stats(0); }
+  bool invariants() const {
+    std::string why;
+    const bool ok = alloc_->check_invariants(&why);
+    if (!ok) ADD_FAILURE() << why;
+    return ok;
+  }
+
+  std::unique_ptr<SimDriver> sim_;
+  std::unique_ptr<Allocator> alloc_;
+  std::vector<StreamHandle> streams_;
+};
+
+TEST_F(FragmentationPolicy, AColdClassIsServedBestFitUntilItHasMadeItsWarmupAllocations) {
+  Config c;
+  c.span_warmup_allocations = 3;
+  Allocator& a = make(c);
+  std::vector<void*> held;
+  for (int i = 0; i < 5; ++i) held.push_back(a.allocate(4096, 0, nullptr));
+  const auto map = a.memory_map(0);
+  for (int i = 0; i < 5; ++i) {
+    const BlockInfo* b = block_at(map, held[static_cast<std::size_t>(i)]);
+    ASSERT_NE(b, nullptr) << i;
+    EXPECT_EQ(b->small, i >= 3) << "allocation " << i;
+    // Best fit packs the cold ones at 512 B rounding, next to each other.
+    if (i > 0 && i < 3) {
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(held[static_cast<std::size_t>(i)]),
+                reinterpret_cast<std::uintptr_t>(held[static_cast<std::size_t>(i) - 1]) + 4096);
+    }
+  }
+  EXPECT_EQ(stats().live_bytes, 5u * 4096);
+  EXPECT_TRUE(invariants());
+  for (void* p : held) a.deallocate(p, 4096, 0, nullptr);
+  EXPECT_EQ(stats().live_bytes, 0u);
+  EXPECT_TRUE(invariants());
+}
+
+TEST_F(FragmentationPolicy, ZeroWarmupGivesSpansFromTheFirstAllocation) {
+  Config c;
+  c.span_warmup_allocations = 0;
+  Allocator& a = make(c);
+  void* p = a.allocate(4096, 0, nullptr);
+  const auto map = a.memory_map(0);
+  const BlockInfo* b = block_at(map, p);
+  ASSERT_NE(b, nullptr);
+  EXPECT_TRUE(b->small);
+  a.deallocate(p, 4096, 0, nullptr);
+}
+
+TEST_F(FragmentationPolicy, ColdSmallBlocksFreedOnAnotherStreamAreWaitedFor) {
+  Allocator& a = make();
+  StreamHandle s = new_stream(), t = new_stream();
+  void* p = a.allocate(4096, 0, s);
+  ASSERT_FALSE(block_at(a.memory_map(0), p)->small);
+  ASSERT_EQ(sim_->enqueue_access(0, s, reinterpret_cast<vmm::DevicePtr>(p), 4096,
+                                 vmm::AccessKind::write),
+            Result::success);
+  a.deallocate(p, 4096, 0, s);
+  void* q = a.allocate(4096, 0, t);
+  ASSERT_EQ(sim_->enqueue_access(0, t, reinterpret_cast<vmm::DevicePtr>(q), 4096,
+                                 vmm::AccessKind::write),
+            Result::success);
+  EXPECT_EQ(sim_->race_count(), 0u);
+  a.deallocate(q, 4096, 0, t);
+  EXPECT_TRUE(invariants());
+}
+
+// A 60 MiB growth is far below one 128 MiB chunk: it used to be too small
+// to release before; at a new peak it returns the wholly free 40 MiB chunk.
+TEST_F(FragmentationPolicy, AGrowthThatSetsANewPeakReleasesWhollyFreeChunksWhateverItsSize) {
+  Allocator& a = make();
+  void* hole = a.allocate(40 * kMiB, 0, nullptr);
+  void* keep = a.allocate(4 * kMiB, 0, nullptr);
+  a.deallocate(hole, 40 * kMiB, 0, nullptr);
+  ASSERT_EQ(stats().reserved_bytes, 44 * kMiB);
+  void* big = a.allocate(60 * kMiB, 0, nullptr);
+  EXPECT_EQ(stats().reserved_bytes, 64 * kMiB);
+  EXPECT_EQ(stats().fences, 1u);
+  EXPECT_EQ(stats().chunks_unmapped, 1u);
+  EXPECT_LE(stats().peak_reserved_bytes, 64 * kMiB);
+  a.deallocate(big, 60 * kMiB, 0, nullptr);
+  a.deallocate(keep, 4 * kMiB, 0, nullptr);
+  EXPECT_TRUE(invariants());
+}
+
+// Below the peak reached earlier, a growth releases nothing: that memory
+// was paid for once already, and releasing there is churn.
+TEST_F(FragmentationPolicy, AGrowthBelowThePeakReleasesNothing) {
+  Config c;
+  c.reserve_slack = 0.0;
+  Allocator& a = make(c);
+  // A peak of 300 MiB reserved for 260 MiB live: a 40 MiB hole nothing fits.
+  void* h = a.allocate(40 * kMiB, 0, nullptr);
+  void* k1 = a.allocate(4 * kMiB, 0, nullptr);
+  void* big = a.allocate(200 * kMiB, 0, nullptr);
+  a.deallocate(h, 40 * kMiB, 0, nullptr);
+  void* w = a.allocate(56 * kMiB, 0, nullptr);  // new peak: releases the hole's chunk
+  ASSERT_EQ(stats().fences, 1u);
+  const std::size_t peak = stats().peak_reserved_bytes;
+  a.deallocate(big, 200 * kMiB, 0, nullptr);
+  a.deallocate(w, 56 * kMiB, 0, nullptr);
+  a.trim(0);
+  // Now: a free 30 MiB chunk and a growth of 50 MiB, over live x (1 + slack)
+  // but far below the peak.
+  void* f = a.allocate(30 * kMiB, 0, nullptr);
+  void* k2 = a.allocate(4 * kMiB, 0, nullptr);
+  a.deallocate(f, 30 * kMiB, 0, nullptr);
+  const std::uint64_t fences = stats().fences;
+  void* g = a.allocate(50 * kMiB, 0, nullptr);
+  EXPECT_EQ(stats().fences, fences) << "no release below the peak";
+  EXPECT_EQ(stats().peak_reserved_bytes, peak);
+  for (void* p : {k1, k2}) a.deallocate(p, 4 * kMiB, 0, nullptr);
+  a.deallocate(g, 50 * kMiB, 0, nullptr);
+  EXPECT_TRUE(invariants());
+}
+
+// Empty spans a stream's cache keeps are given back before chunks are
+// released for a growth, so their granules can go back too.
+TEST_F(FragmentationPolicy, EmptySpansAreReclaimedBeforeAReleaseForGrowth) {
+  Config c;
+  c.span_warmup_allocations = 0;
+  Allocator& a = make(c);
+  // Spans of a dozen classes, all emptied: each class keeps its span.
+  std::vector<std::pair<void*, std::size_t>> small;
+  for (std::size_t n = 4096; n <= 512 * 1024; n *= 2) small.emplace_back(a.allocate(n, 0, nullptr), n);
+  void* keep = a.allocate(4 * kMiB, 0, nullptr);
+  for (auto& [p, n] : small) a.deallocate(p, n, 0, nullptr);
+  const std::size_t spans_bytes = stats().reserved_bytes - 4 * kMiB;
+  ASSERT_GE(spans_bytes, small.size() * 2 * kMiB);
+  // A growth at a new peak: the spans' granules go back before it.
+  void* big = a.allocate(64 * kMiB, 0, nullptr);
+  EXPECT_EQ(stats().reserved_bytes, 68 * kMiB);
+  a.deallocate(big, 64 * kMiB, 0, nullptr);
+  a.deallocate(keep, 4 * kMiB, 0, nullptr);
+  EXPECT_TRUE(invariants());
+}
+
+}  // namespace
+}  // namespace gvm::test

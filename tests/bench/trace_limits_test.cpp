@@ -1,0 +1,172 @@
+// Peak reserved / peak live of every shipped trace on a simulated H200, against
+// what the peers reserve on the same trace (traces/peers.csv, measured on one
+// H200), and the driver work it takes; the synthetic traces of tests/bench/traces
+// (tools/synth_traces.py) against bounds of their own. A trace test, not a
+// timing: the simulated H200 makes the allocator's decisions exactly as the real
+// one does (docs/replay.md), so these figures are the GPU's.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gvm/allocator.hpp"
+#include "gvm/vmm/sim_driver.hpp"
+#include "replay.hpp"
+#include "shipped_traces.hpp"
+#include "trace.hpp"
+
+namespace gvm::bench {
+namespace {
+
+struct Replayed {
+  double ratio = 0;
+  std::uint64_t driver_calls = 0;
+  std::uint64_t chunks_mapped = 0;
+  std::uint64_t fences = 0;
+};
+
+Replayed replay_on_sim_h200(const std::string& path) {
+  const Trace trace = read_trace(path);
+  auto sim = vmm::SimDriver::uniform(vmm::Profile::h200, 1);
+  TraceStreams streams(*sim, 0, trace);
+  Allocator allocator(*sim);
+  ReplayOptions options;
+  options.streams = &streams;
+  options.sample_memory = true;
+  const ReplayResult r = replay(trace, allocator, *sim, 0, options);
+  const DeviceStats s = allocator.device_stats(0);
+  std::string why;
+  EXPECT_TRUE(allocator.check_invariants(&why)) << why;
+  return Replayed{static_cast<double>(r.peak_reserved_bytes) / static_cast<double>(r.peak_live_bytes),
+                  r.driver_calls, s.chunks_mapped, s.fences};
+}
+
+// The lowest peer ratio of each trace in traces/peers.csv.
+std::map<std::string, double> best_peers() {
+  std::ifstream in(std::string(GVM_SOURCE_DIR) + "/traces/peers.csv");
+  EXPECT_TRUE(in.good()) << "traces/peers.csv";
+  std::map<std::string, double> best;
+  std::string line;
+  bool header = true;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (header) {
+      header = false;
+      continue;
+    }
+    std::istringstream f(line);
+    std::string trace, impl, ratio;
+    std::getline(f, trace, ',');
+    std::getline(f, impl, ',');
+    std::getline(f, ratio, ',');
+    const double r = std::stod(ratio);
+    auto it = best.find(trace);
+    if (it == best.end() || r < it->second) best[trace] = r;
+  }
+  return best;
+}
+
+struct Limit {
+  const char* trace;
+  // Budgets of driver work in the replay: chunks mapped and fences, today's
+  // figures with a little room. More of either costs time on the GPU (one
+  // chunk ~0.14 ms to make, map and grant on an H200, docs/benchmarks.md).
+  std::uint64_t max_chunks_mapped;
+  std::uint64_t max_fences;
+};
+
+class ShippedTraceLimit : public ::testing::TestWithParam<Limit> {};
+
+TEST_P(ShippedTraceLimit, ReservesLessThanTheBestPeerWithinItsDriverBudget) {
+  const Limit& l = GetParam();
+  const auto peers = best_peers();
+  ASSERT_TRUE(peers.count(l.trace)) << l.trace << " missing in traces/peers.csv";
+  const Replayed r = replay_on_sim_h200(std::string(GVM_SOURCE_DIR) + "/traces/" + l.trace + ".trace.gz");
+  EXPECT_LT(r.ratio, peers.at(l.trace)) << "best peer " << peers.at(l.trace);
+  EXPECT_LE(r.chunks_mapped, l.max_chunks_mapped);
+  EXPECT_LE(r.fences, l.max_fences);
+  RecordProperty("ratio", std::to_string(r.ratio));
+  RecordProperty("driver_calls", std::to_string(r.driver_calls));
+}
+
+INSTANTIATE_TEST_SUITE_P(Sim, ShippedTraceLimit,
+                         ::testing::Values(Limit{"gpt2_train", 440, 30},
+                                           Limit{"bert_infer", 440, 140},
+                                           Limit{"llama_generate", 80, 2}),
+                         [](const ::testing::TestParamInfo<Limit>& i) { return std::string(i.param.trace); });
+
+// ResNet-50: 1.021, not below PyTorch with expandable segments (1.011). At its
+// peak the excess is holes inside chunks that hold live data (docs/design-notes.md,
+// "Fragmentation"); what would release them costs more driver calls than it may.
+// This holds today's figure so that it only gets better.
+TEST(ShippedTraceKnownGap, ResNetStaysAtItsMeasuredRatio) {
+  const Replayed r = replay_on_sim_h200(std::string(GVM_SOURCE_DIR) + "/traces/resnet50_train.trace.gz");
+  EXPECT_LE(r.ratio, 1.022);
+  EXPECT_LE(r.chunks_mapped, 200u);
+  EXPECT_LE(r.fences, 6u);
+}
+
+struct Synthetic {
+  const char* trace;
+  double max_ratio;  // today's figure with a little room; the old policy's in the comment
+  std::uint64_t max_fences;
+};
+
+class SyntheticTrace : public ::testing::TestWithParam<Synthetic> {};
+
+TEST_P(SyntheticTrace, StaysWithinItsBounds) {
+  const Synthetic& s = GetParam();
+  const Replayed r =
+      replay_on_sim_h200(std::string(GVM_SOURCE_DIR) + "/tests/bench/traces/" + s.trace + ".trace.gz");
+  EXPECT_LE(r.ratio, s.max_ratio);
+  EXPECT_LE(r.fences, s.max_fences);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sim, SyntheticTrace,
+    ::testing::Values(Synthetic{"side_stream", 1.13, 45},       // without the policy: 1.435
+                      Synthetic{"checkpoint_train", 1.02, 8},   // 1.015
+                      Synthetic{"kv_growth", 1.07, 12},         // 1.063
+                      Synthetic{"mixed", 1.25, 30},             // 1.158: random churn, fences guard
+                      Synthetic{"streams4", 1.50, 40}),         // 3.309: four streams' churn
+    [](const ::testing::TestParamInfo<Synthetic>& i) { return std::string(i.param.trace); });
+
+TEST(PeersCsv, TheShippedFileListsEveryTraceWithThreePeers) {
+  const auto traces = shipped_traces(GVM_SOURCE_DIR);
+  ASSERT_EQ(traces.size(), 4u);
+  for (const ShippedTrace& t : traces) {
+    EXPECT_TRUE(std::ifstream(t.path).good()) << t.path;
+    for (const PeerColumn& c : kPeerColumns) EXPECT_TRUE(t.peers.count(c.key)) << t.name << " " << c.key;
+  }
+}
+
+TEST(PeersCsv, BadLinesAreNamed) {
+  const std::string header = "trace,allocator,ratio,ns_per_op,measured\n";
+  auto error_of = [](const std::string& text) -> std::string {
+    try {
+      parse_peers_csv(text, "p.csv", "traces");
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error_of("trace,ratio\n").find("p.csv:1: expected the header"), std::string::npos);
+  EXPECT_NE(error_of(header + "gpt2,torch,x,,now\n").find("p.csv:2: expected a positive number, got 'x'"),
+            std::string::npos);
+  EXPECT_NE(error_of(header + "# only a comment\n").find("p.csv: no traces listed"), std::string::npos);
+  EXPECT_NE(error_of("# c\n" + header + "gpt2\n").find("p.csv:3: expected trace,allocator"),
+            std::string::npos);
+  const auto ok = parse_peers_csv(header + "a,torch,1.5,,x\na,cudaMallocAsync,1.25,900,y\n", "p.csv", "d");
+  ASSERT_EQ(ok.size(), 1u);
+  EXPECT_EQ(ok[0].path, "d/a.trace.gz");
+  EXPECT_FALSE(ok[0].peers.at("torch").ns_per_op.has_value());
+  EXPECT_EQ(*ok[0].peers.at("cudaMallocAsync").ns_per_op, 900.0);
+}
+
+}  // namespace
+}  // namespace gvm::bench
