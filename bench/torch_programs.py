@@ -4,8 +4,10 @@ expandable segments, and gvmalloc's native backend, side by side in one run
 
     python bench/torch_programs.py [--out DIR] [--programs resnet50,gpt2,llama]
                                    [--allocators native,expandable,gvm] [--steps N]
-                                   [--deadline SECONDS]  (runs not started by then are
-                                                          reported as not run)
+                                   [--deadline SECONDS]  (a run starts only if it should
+                                                          end by then, judged by the
+                                                          program's runs before it; the
+                                                          others are reported as not run)
 
 Programs (random initialisation, configurations only: nothing is downloaded):
   resnet50  torchvision ResNet-50 training, torch.backends.cudnn.benchmark=True,
@@ -13,7 +15,7 @@ Programs (random initialisation, configurations only: nothing is downloaded):
   gpt2      transformers GPT-2 small training, AdamW, bf16 autocast, batch and
             sequence length varying from step to step (the same schedule for all)
   llama     a Llama-style decoder (transformers LlamaConfig, 16 layers) in bf16,
-            greedy generate() of 256 tokens, KV cache growing each token
+            greedy generate() of 128 tokens, KV cache growing each token
 
 Each program runs once per allocator, each run in a process of its own (the
 allocator is chosen before CUDA starts) with the same seeds; the ResNet-50 run
@@ -21,10 +23,12 @@ with PyTorch's allocator is made twice, to show whether cuDNN's timed
 algorithm choice keeps it bit-identical to itself. Per run: median step time,
 torch.cuda.max_memory_reserved(), the losses (or generated tokens) compared bit
 for bit with the native run, the cost of an allocate+free pair of a few sizes
-inside the program's process, a torch.profiler table of the busiest operators,
-and for gvmalloc its driver calls by entry point (where its own time goes).
-Prints one table and writes torch-programs.{txt,json} into DIR (default
-$OUT, else ./torch-programs-out). A run that fails is reported and the others go on.
+inside the program's process, the allocations per step, a torch.profiler table
+of the busiest operators with the self CPU time of the operators that allocate
+(where the allocator runs), and for gvmalloc its driver calls by entry point.
+Prints two tables (the programs; where the time goes) and writes
+torch-programs.{txt,json} into DIR (default $OUT, else ./torch-programs-out). A
+run that fails is reported and the others go on; exit status 1 if one failed.
 """
 
 import json
@@ -89,10 +93,18 @@ def alloc_pair_us(torch, sizes=(4096, MiB, 64 * MiB), n=2000):
     return out
 
 
+# The operators that allocate device memory: PyTorch's allocator (or gvmalloc's
+# backend) runs inside them, so their self CPU time holds the allocations'
+# time. Frees run in tensor destructors, outside any operator: not in it (the
+# pair cost below covers both).
+ALLOCATING_OPS = ("aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
+                  "aten::new_empty_strided", "aten::resize_")
+
+
 def profile_table(torch, step, n):
-    """The profiler's table of the busiest operators over `n` steps, and the CPU time of
-    the operators that allocate device memory (aten::empty*, where the allocator runs)
-    against all operators' CPU time."""
+    """The profiler's table of the busiest operators over `n` steps, and per step the
+    self CPU time and calls of the operators that allocate device memory, beside the
+    self CPU time of all operators."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
@@ -100,11 +112,20 @@ def profile_table(torch, step, n):
         torch.cuda.synchronize()
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
-    allocating = sum(e.self_cpu_time_total for e in events if e.key.startswith("aten::empty"))
-    calls = sum(e.count for e in events if e.key.startswith("aten::empty"))
+    allocating = [e for e in events if e.key in ALLOCATING_OPS]
     table = events.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=48)
-    return table, {"empty_ops_self_cpu_ms": round(allocating / 1e3, 3), "empty_ops_calls": calls,
-                   "all_ops_self_cpu_ms": round(total / 1e3, 3)}
+    return table, {
+        "steps": n,
+        "alloc_ops_self_cpu_ms_per_step": round(sum(e.self_cpu_time_total for e in allocating) / 1e3 / n, 3),
+        "alloc_ops_calls_per_step": round(sum(e.count for e in allocating) / n, 1),
+        "all_ops_self_cpu_ms_per_step": round(total / 1e3 / n, 3),
+        "by_op": {e.key: {"calls": e.count, "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 3)}
+                  for e in allocating},
+    }
+
+
+def allocations_so_far(torch):
+    return torch.cuda.memory_stats().get("allocation.all.allocated", 0)
 
 
 def gvm_summary():
@@ -119,13 +140,14 @@ def gvm_summary():
             "device0": {k: d.get(k) for k in keep}}
 
 
-def finish(torch, allocator, times, checks, step, profile_steps, **extra):
+def finish(torch, allocator, times, checks, step, profile_steps, allocations, **extra):
+    """allocations: blocks allocated over the timed steps (memory_stats' count)."""
     peak = torch.cuda.max_memory_reserved()
     pairs = alloc_pair_us(torch)
-    table, empty_ops = profile_table(torch, step, profile_steps)
+    table, alloc_ops = profile_table(torch, step, profile_steps)
     out = dict(allocator=allocator, median_step_s=statistics.median(times), steps=len(times),
                peak_reserved=peak, checks=checks, alloc_pair_us=pairs, profile=table,
-               empty_ops=empty_ops,
+               alloc_ops=alloc_ops, allocations_per_step=round(allocations / max(1, len(times)), 1),
                backend=torch.cuda.get_allocator_backend(), **extra)
     if allocator == "gvm":
         out["gvmalloc"] = gvm_summary()
@@ -158,11 +180,13 @@ def resnet50(allocator, steps):
     warm = 5  # the first steps run cuDNN's benchmark
     times, losses = [], []
     for i in range(warm + steps):
+        if i == warm:
+            a0 = allocations_so_far(torch)
         dt, loss = timed(torch, step)
         losses.append(loss.item().hex())
         if i >= warm:
             times.append(dt)
-    finish(torch, allocator, times, losses, step, 5, batch=batch)
+    finish(torch, allocator, times, losses, step, 3, allocations_so_far(torch) - a0, batch=batch)
 
 
 def gpt2(allocator, steps):
@@ -189,11 +213,13 @@ def gpt2(allocator, steps):
 
     times, losses = [], []
     for i in range(len(batches)):
+        if i == 2:
+            a0 = allocations_so_far(torch)
         dt, loss = timed(torch, step)
         losses.append(loss.item().hex())
         if i >= 2:
             times.append(dt)
-    finish(torch, allocator, times, losses, step, 4)
+    finish(torch, allocator, times, losses, step, 4, allocations_so_far(torch) - a0)
 
 
 def llama(allocator, steps):
@@ -205,7 +231,9 @@ def llama(allocator, steps):
     model = LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
     gen = torch.Generator().manual_seed(7)
     prompt = torch.randint(0, cfg.vocab_size, (4, 128), generator=gen).cuda()
-    new_tokens = 256
+    # 128 new tokens a call: the KV cache grows 128 times, and three runs of
+    # the program fit the time budget of tools/torch-gpu-run.sh.
+    new_tokens = 128
 
     def step():
         with torch.no_grad():
@@ -214,11 +242,14 @@ def llama(allocator, steps):
 
     times, outputs = [], []
     for i in range(1 + max(1, steps // 8)):
+        if i == 1:
+            a0 = allocations_so_far(torch)
         dt, out = timed(torch, step)
         outputs.append(out[:, 128:].cpu().numpy().tobytes().hex()[:64] + ":%d" % int(out.sum().item()))
         if i >= 1:
             times.append(dt)
-    finish(torch, allocator, times, outputs, step, 1, tokens_per_call=new_tokens * prompt.shape[0])
+    finish(torch, allocator, times, outputs, step, 1, allocations_so_far(torch) - a0,
+           tokens_per_call=new_tokens * prompt.shape[0])
 
 
 PROGRAMS = {"resnet50": resnet50, "gpt2": gpt2, "llama": llama}
@@ -262,7 +293,7 @@ def compare(checks, reference):
 
 
 def render(runs, seconds):
-    """The table (and the profiles) of {program: [run result, ...]}."""
+    """The tables (and the profiles) of {program: [run result, ...]}."""
     lines = ["", "=== PyTorch programs (%.0f s): native = PyTorch's allocator, expandable = with "
              "expandable_segments:True, gvm = gvmalloc's native backend" % seconds,
              "%-9s %-11s %12s %9s %14s %9s  %-18s %s" % ("program", "allocator", "median step", "vs native",
@@ -272,7 +303,8 @@ def render(runs, seconds):
         ref = next((r for r in rs if r["allocator"] == "native" and "error" not in r), None)
         for r in rs:
             if "error" in r:
-                lines.append("%-9s %-11s FAILED: %s" % (program, r["allocator"], r["error"]))
+                lines.append("%-9s %-11s %s" % (program, r["allocator"], r["error"] if r.get("not_run")
+                                                 else "FAILED: " + r["error"]))
                 continue
             ratio_t = r["median_step_s"] / ref["median_step_s"] if ref else float("nan")
             ratio_m = r["peak_reserved"] / ref["peak_reserved"] if ref else float("nan")
@@ -281,6 +313,27 @@ def render(runs, seconds):
                 program, r["allocator"], r["median_step_s"] * 1e3, unit, ratio_t, r["peak_reserved"] / MiB,
                 ratio_m, compare(r["checks"], ref["checks"] if ref else None),
                 "/".join("%.2f" % v for v in r["alloc_pair_us"].values())))
+    lines += ["", "=== Where the time goes, per step (CPU ms from torch.profiler over steps after "
+              "the timed ones): alloc ops = the operators that allocate (%s; the allocator runs "
+              "inside them); allocs x pair = allocations per step x the cost of a 4 KiB "
+              "allocate+free pair in the process (frees included, which run outside any operator)"
+              % ", ".join(o.split("::")[1] for o in ALLOCATING_OPS),
+              "%-9s %-11s %11s %12s %14s %10s %13s %16s" % (
+                  "program", "allocator", "step ms", "allocs/step", "alloc ops ms", "% of step",
+                  "all ops ms", "allocs x pair ms")]
+    for program, rs in runs.items():
+        for r in rs:
+            if "error" in r:
+                continue
+            o = r["alloc_ops"]
+            step_ms = r["median_step_s"] * 1e3
+            # What allocate+free pairs cost a step at the measured 4 KiB cache-hit
+            # price (the common case): allocations per step x pair cost.
+            pair_4k_us = next(iter(r["alloc_pair_us"].values()))
+            lines.append("%-9s %-11s %11.2f %12.1f %14.3f %9.2f%% %13.3f %16.3f" % (
+                program, r["allocator"], step_ms, r["allocations_per_step"],
+                o["alloc_ops_self_cpu_ms_per_step"], 100.0 * o["alloc_ops_self_cpu_ms_per_step"] / step_ms,
+                o["all_ops_self_cpu_ms_per_step"], r["allocations_per_step"] * pair_4k_us / 1e3))
     for program, rs in runs.items():
         for r in rs:
             if "error" in r or r["allocator"] not in ("native", "gvm"):
@@ -288,10 +341,9 @@ def render(runs, seconds):
             lines.append("")
             lines.append("--- %s, %s: torch.profiler, busiest operators by self CPU time" % (program, r["allocator"]))
             lines.append(r["profile"].rstrip())
-            e = r["empty_ops"]
-            lines.append("allocating operators (aten::empty*): %d calls, %.1f ms self CPU of %.1f ms "
-                         "for all operators" % (e["empty_ops_calls"], e["empty_ops_self_cpu_ms"],
-                                               e["all_ops_self_cpu_ms"]))
+            lines.append("allocating operators: " + ", ".join(
+                "%s %d calls %.1f ms" % (k, v["calls"], v["self_cpu_ms"])
+                for k, v in sorted(r["alloc_ops"]["by_op"].items())))
             if r["allocator"] == "gvm":
                 g = r["gvmalloc"]
                 lines.append("gvmalloc driver calls (all of the run): " + ", ".join(
@@ -324,31 +376,43 @@ def main(argv):
     os.makedirs(out_dir, exist_ok=True)
     start = time.monotonic()
     runs = {}
+    order = [(p, a) for p in programs for a in allocators]
+    if "resnet50" in programs and "native" in allocators:
+        order.append(("resnet50", "native#2"))  # last: the least needed
     for program in programs:
-        order = list(allocators)
-        if program == "resnet50" and "native" in order:
-            order.append("native#2")  # last: the least needed
         runs[program] = []
-        for allocator in order:
-            left = None if deadline is None else deadline - (time.monotonic() - start)
-            if left is not None and left < 20:
-                runs[program].append({"allocator": allocator, "error": "not run: the --deadline passed"})
-                continue
-            print("== %s with %s" % (program, allocator), flush=True)
-            r = run_one(program, allocator, steps, timeout=int(min(240, left or 240)))
-            if "error" in r:
-                print("   FAILED: %s\n%s" % (r["error"], r.get("stderr", "")[-1500:]), flush=True)
-            else:
-                print("   median step %.2f ms, peak reserved %.0f MiB (%.0f s)"
-                      % (r["median_step_s"] * 1e3, r["peak_reserved"] / MiB, r["wall_s"]), flush=True)
-            runs[program].append(r)
+    for program, allocator in order:
+        left = None if deadline is None else deadline - (time.monotonic() - start)
+        # A run is started only if it should end by the deadline: it takes about
+        # as long as this program's runs before it, or, for a program not run
+        # yet, as the longest run so far (20 s before any).
+        walls = ([r["wall_s"] for r in runs[program] if "wall_s" in r] or
+                 [r["wall_s"] for rs in runs.values() for r in rs if "wall_s" in r])
+        expect = 1.2 * max(walls) if walls else 20.0
+        if left is not None and left < expect:
+            runs[program].append({"allocator": allocator, "not_run": True,
+                                  "error": "not run: %.0f s left of the --deadline, a run takes "
+                                           "about %.0f s" % (max(left, 0), expect)})
+            continue
+        print("== %s with %s" % (program, allocator), flush=True)
+        r = run_one(program, allocator, steps,
+                    timeout=int(240 if left is None else min(240, max(left, 2 * expect))))
+        if "error" in r:
+            print("   FAILED: %s\n%s" % (r["error"], r.get("stderr", "")[-1500:]), flush=True)
+        else:
+            print("   median step %.2f ms, peak reserved %.0f MiB (%.0f s)"
+                  % (r["median_step_s"] * 1e3, r["peak_reserved"] / MiB, r["wall_s"]), flush=True)
+        runs[program].append(r)
     text = render(runs, time.monotonic() - start)
     print(text, flush=True)
     with open(os.path.join(out_dir, "torch-programs.txt"), "w") as f:
         f.write(text + "\n")
     with open(os.path.join(out_dir, "torch-programs.json"), "w") as f:
         json.dump(runs, f, indent=1)
-    failed = [r for rs in runs.values() for r in rs if "error" in r]
+    failed = [r for rs in runs.values() for r in rs if "error" in r and not r.get("not_run")]
+    not_run = sum(1 for rs in runs.values() for r in rs if r.get("not_run"))
+    if not_run:
+        print("%d run(s) not started: the --deadline passed (in the table)" % not_run, flush=True)
     return 1 if failed else 0
 
 

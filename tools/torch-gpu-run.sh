@@ -1,48 +1,75 @@
 #!/usr/bin/env bash
 # tools/torch-gpu-run.sh: gvmalloc's PyTorch backend on a GPU machine, in one
-# command of about 8 minutes on one H200 (docs/pytorch.md):
+# command of about 6 minutes on one H200 (docs/pytorch.md, "Measuring on a GPU"):
 #
-#   OUT=/some/dir tools/torch-gpu-run.sh
+#   OUT=/some/dir tools/torch-gpu-run.sh [BUILD_DIR]
 #
-#   1. configure build-torch (Release; cmake finds torch through python3) and
-#      build the library, the backend and their CPU tests (-j$(nproc))
-#   2. the CPU tests of both (torch_core_tests, torch_backend_tests on the
-#      simulated driver, python_cpu)
-#   3. what the backend is: torch version, which parts of gvmalloc's API it uses
-#   4. the allocator semantics, PyTorch's allocator beside gvmalloc, one table
-#      (tools/torch-semantics.sh), within GVM_TORCH_SEMANTICS_S (default 210) s
-#   5. the programs: ResNet-50 / GPT-2 training, a Llama generate loop, each
-#      with native, expandable segments and gvmalloc (bench/torch_programs.py),
-#      within GVM_TORCH_PROGRAMS_S (default 210) s
-#   6. a summary: every step's status, then both tables
+# BUILD_DIR: a build tree already configured (e.g. build-gpu, made with
+# `cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release`); it is not
+# reconfigured, only the targets below are built in it. Without BUILD_DIR the
+# script configures build-torch itself (Release, no benchmarks).
 #
-# GVM_TORCH_CMAKE_ARGS: more arguments for the configure step.
-# GVM_TORCH_STEPS=build,cpu,info,semantics,programs (the default: all) picks
-# steps; GVM_TORCH_CASES / GVM_TORCH_PROGRAMS (comma lists) narrow 4 and 5.
+# Steps (GVM_TORCH_STEPS, a comma list; default build,info,semantics,programs):
+#   build      build libgvmalloc.so and libgvmalloc_torch.so (and the backend's
+#              CPU tests when cpu is a step)
+#   cpu        the backend's CPU tests (torch_core_tests, torch_backend_tests,
+#              python_cpu) on the simulated driver
+#   info       what the backend is: torch version, library, config
+#   semantics  PyTorch's allocator semantics, PyTorch's allocator beside
+#              gvmalloc, one table (tools/torch-semantics.sh)
+#   programs   ResNet-50 / GPT-2 training, a Llama generate loop, each with
+#              native, expandable segments and gvmalloc (bench/torch_programs.py):
+#              the programs table and where the time goes (torch.profiler)
+# and last a summary: every step's status, then the tables.
+#
+# Time budget per step, in seconds: GVM_TORCH_SEMANTICS_S (default 130: cases
+# not started by then are "not-run"), GVM_TORCH_PROGRAMS_S (default 210: a run
+# starts only if it should end by then), GVM_TORCH_BUILD_S (600), GVM_TORCH_CPU_S
+# (300), GVM_TORCH_INFO_S (120). Each step is also killed 60 s after its budget.
+# GVM_TORCH_CASES / GVM_TORCH_PROGRAMS (comma lists) narrow semantics and
+# programs; GVM_TORCH_CMAKE_ARGS: more configure arguments (build-torch only);
+# GVM_TORCH_JOBS: parallel jobs for build and cpu (default: nproc).
 # A step that fails is reported and the rest still run; logs and tables go to
-# $OUT (default ./torch-gpu-out). Exit status 1 if anything failed.
+# $OUT (default ./torch-gpu-out). Exit status 1 if a step failed.
 set -u -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BUILD="$ROOT/build-torch"
+CONFIGURE=0
+if [ $# -gt 0 ]; then
+  BUILD=$1
+  case "$BUILD" in /*) ;; *) BUILD="$PWD/$BUILD" ;; esac
+  if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+    echo "torch-gpu-run: $BUILD is not a configured build tree; configure it first:" \
+      "cmake -S $ROOT -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release" >&2
+    exit 2
+  fi
+else
+  BUILD="$ROOT/build-torch"
+  CONFIGURE=1
+fi
 OUT_DIR="${OUT:-$PWD/torch-gpu-out}"
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
-STEPS=",${GVM_TORCH_STEPS:-build,cpu,info,semantics,programs},"
+STEPS=",${GVM_TORCH_STEPS:-build,info,semantics,programs},"
 want() { [[ "$STEPS" == *",$1,"* ]]; }
-JOBS=$(nproc 2>/dev/null || echo 4)
+JOBS=${GVM_TORCH_JOBS:-$(nproc 2>/dev/null || echo 4)}
 PYTHON=${PYTHON:-python3}
+SEMANTICS_S=${GVM_TORCH_SEMANTICS_S:-130}
+PROGRAMS_S=${GVM_TORCH_PROGRAMS_S:-210}
 FAILED=()
 START=$SECONDS
 
-step() {  # step NAME CMD...: output to $OUT_DIR/NAME.log and the terminal
-  local name=$1
-  shift
-  printf '\n=== %s (at %d s): %s\n' "$name" "$((SECONDS - START))" "$*"
+step() {  # step NAME BUDGET_S CMD...: output to $OUT_DIR/NAME.log and the terminal
+  local name=$1 budget=$2
+  shift 2
+  printf '\n=== %s (at %d s, budget %d s): %s\n' "$name" "$((SECONDS - START))" "$budget" "$*"
   local t0=$SECONDS
-  "$@" 2>&1 | tee "$OUT_DIR/$name.log"
+  timeout --kill-after=10 "$((budget + 60))" "$@" 2>&1 | tee "$OUT_DIR/$name.log"
   local rc=${PIPESTATUS[0]}
-  if [ "$rc" -ne 0 ]; then
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    FAILED+=("$name: killed $((budget + 60)) s after it started ($OUT_DIR/$name.log)")
+    echo "--- $name KILLED (over its budget of $budget s by 60 s)"
+  elif [ "$rc" -ne 0 ]; then
     FAILED+=("$name: exit $rc ($OUT_DIR/$name.log)")
     echo "--- $name FAILED (exit $rc, $((SECONDS - t0)) s)"
   else
@@ -59,47 +86,59 @@ export CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8}
 export PYTHONDONTWRITEBYTECODE=1
 
 if want build; then
-  # shellcheck disable=SC2086  # GVM_TORCH_CMAKE_ARGS is a list of arguments
-  step configure cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGVM_BUILD_BENCH=OFF ${GVM_TORCH_CMAKE_ARGS:-}
-  step build cmake --build "$BUILD" -j "$JOBS" --target gvmalloc gvmalloc_torch torch_core_tests torch_backend_tests
+  if [ "$CONFIGURE" -eq 1 ]; then
+    # shellcheck disable=SC2086  # GVM_TORCH_CMAKE_ARGS is a list of arguments
+    step configure 300 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGVM_BUILD_BENCH=OFF ${GVM_TORCH_CMAKE_ARGS:-}
+  fi
+  targets=(gvmalloc gvmalloc_torch)
+  want cpu && targets+=(torch_core_tests torch_backend_tests)
+  step build "${GVM_TORCH_BUILD_S:-600}" cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}"
 fi
 
 if want cpu; then
-  step cpu-tests ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS" -R "^(python_cpu|StatCounters|Pools|TraceRing|BlockTable|VersionCheck|Messages|AllocatorApi|Adapter|BackendSim|PoolCheckpointPlan)"
+  step cpu-tests "${GVM_TORCH_CPU_S:-300}" ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS" \
+    -R "^(python_cpu|StatCounters|Pools|TraceRing|BlockTable|LiveRequests|VersionCheck|Messages|Adapter|BackendSim|PoolCheckpointPlan)"
 fi
 
 if want info; then
-  step info "$PYTHON" -c '
+  step info "${GVM_TORCH_INFO_S:-120}" "$PYTHON" -c '
 import torch, gvmalloc, gvmalloc.torch as gt
-print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())
+print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count(),
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
 gt.enable()
 torch.zeros(1, device="cuda")
 info = gt.backend_info()
-print("backend", torch.cuda.get_allocator_backend(), info["library"], "built for", info["built_for"])
-print("gvmalloc API used:", ", ".join(k for k, v in info["capabilities"].items() if v) or "none")
-print("gvmalloc API missing:", ", ".join(k for k, v in info["capabilities"].items() if not v) or "none")
+print("backend", torch.cuda.get_allocator_backend(), info["library"], "built for", info["built_for"],
+      "installed" if info["installed"] else "NOT installed")
 print("config:", gvmalloc.stats()["config"])
 '
 fi
 
 if want semantics; then
-  args=(--deadline "${GVM_TORCH_SEMANTICS_S:-210}")
+  rm -f "$OUT_DIR/torch-semantics/torch-semantics.txt"  # never a table of an earlier run
+  args=(--deadline "$SEMANTICS_S")
   [ -n "${GVM_TORCH_CASES:-}" ] && args+=(--cases "$GVM_TORCH_CASES")
-  OUT="$OUT_DIR" step semantics "$ROOT/tools/torch-semantics.sh" "$BUILD" "${args[@]}"
+  OUT="$OUT_DIR" step semantics "$SEMANTICS_S" "$ROOT/tools/torch-semantics.sh" "$BUILD" "${args[@]}"
 fi
 
 if want programs; then
-  args=(--out "$OUT_DIR/torch-programs" --deadline "${GVM_TORCH_PROGRAMS_S:-210}")
+  rm -f "$OUT_DIR/torch-programs/torch-programs.txt"
+  args=(--out "$OUT_DIR/torch-programs" --deadline "$PROGRAMS_S")
   [ -n "${GVM_TORCH_PROGRAMS:-}" ] && args+=(--programs "$GVM_TORCH_PROGRAMS")
-  step programs "$PYTHON" "$ROOT/bench/torch_programs.py" "${args[@]}"
+  step programs "$PROGRAMS_S" "$PYTHON" "$ROOT/bench/torch_programs.py" "${args[@]}"
 fi
 
 {
-  printf '\n=== torch-gpu-run summary (%d s)\n' "$((SECONDS - START))"
-  [ -f "$OUT_DIR/info.log" ] && cat "$OUT_DIR/info.log"
-  [ -f "$OUT_DIR/torch-semantics/torch-semantics.txt" ] && cat "$OUT_DIR/torch-semantics/torch-semantics.txt"
-  [ -f "$OUT_DIR/torch-programs/torch-programs.txt" ] &&
-    sed -n '/^=== PyTorch programs/,/^$/p' "$OUT_DIR/torch-programs/torch-programs.txt"
+  printf '\n=== torch-gpu-run summary (%d s, build %s)\n' "$((SECONDS - START))" "$BUILD"
+  want info && [ -f "$OUT_DIR/info.log" ] && cat "$OUT_DIR/info.log"
+  want semantics && [ -f "$OUT_DIR/torch-semantics/torch-semantics.txt" ] &&
+    cat "$OUT_DIR/torch-semantics/torch-semantics.txt"
+  if want programs && [ -f "$OUT_DIR/torch-programs/torch-programs.txt" ]; then
+    # The two tables; the profiles under them stay in torch-programs.txt.
+    sed -n -e '/^=== PyTorch programs/,/^$/p' -e '/^=== Where the time goes/,/^$/p' \
+      "$OUT_DIR/torch-programs/torch-programs.txt"
+    echo "(the profiler's tables of every run: $OUT_DIR/torch-programs/torch-programs.txt)"
+  fi
   if [ ${#FAILED[@]} -eq 0 ]; then
     echo "every step passed"
   else

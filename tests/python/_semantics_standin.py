@@ -17,7 +17,7 @@ def _opts(fresh=False, timeout=30):
 def passes(alloc):
     print("a line the case prints")
     print("and another")
-    return {"pid": os.getpid()}
+    return {"pid": os.getpid(), "t": time.time()}
 
 
 def fails(alloc):
@@ -35,18 +35,18 @@ def hangs(alloc):
 
 
 def after(alloc):
-    return {"pid": os.getpid()}
+    return {"pid": os.getpid(), "t": time.time()}
 
 
 def fresh(alloc):
-    return {"pid": os.getpid()}
+    return {"pid": os.getpid(), "t": time.time()}
 
 
 CASES = {
     "passes": (passes, "passes everywhere", _opts()),
+    "fresh": (fresh, "wants an interpreter of its own", _opts(fresh=True)),
     "fails": (fails, "fails under gvm", _opts()),
     "crashes": (crashes, "kills its worker under gvm", _opts()),
     "after": (after, "runs after a crash", _opts()),
     "hangs": (hangs, "outlives its time under gvm", _opts(timeout=3)),
-    "fresh": (fresh, "wants an interpreter of its own", _opts(fresh=True)),
 }

@@ -357,7 +357,19 @@ def cupy_dead_stream(rounds=8):
 def numba_run(iterations=40):
     """Numba kernels over arrays of varied sizes, some on streams of their own,
     every result checked against numpy; the memory from gvmalloc.numba."""
+    import importlib.metadata
     import numpy
+    import _numpy_aliases
+    # Before numba loads: numba-cuda 0.68 names numpy.row_stack, which NumPy
+    # 2.5 removed (_numpy_aliases says why and where).
+    shim = _numpy_aliases.restore(numpy)
+    try:
+        numba_cuda = importlib.metadata.version("numba-cuda")
+    except importlib.metadata.PackageNotFoundError:
+        numba_cuda = "not installed (numba's own CUDA target)"
+    if shim:
+        print("numba: NumPy %s lacks what numba-cuda %s names; restored for this process: %s"
+              % (numpy.__version__, numba_cuda, ", ".join(shim)))
     import gvmalloc
     import gvmalloc.numba as gn
     gn.enable()
@@ -439,7 +451,8 @@ def numba_run(iterations=40):
              1 - frees_deferred, bool(ipc)))
     result(plugged=plugged, worst_saxpy=worst_saxpy, scale_exact=scale_exact,
            allocations=allocations, frees=frees, live=s["live_bytes"], free=free, total=total,
-           frees_deferred=frees_deferred, frees_after=frees_after, ipc=ipc)
+           frees_deferred=frees_deferred, frees_after=frees_after, ipc=ipc,
+           numpy_shim=shim, numpy=numpy.__version__, numba_cuda=numba_cuda)
 
 
 if __name__ == "__main__":

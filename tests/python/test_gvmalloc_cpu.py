@@ -179,10 +179,6 @@ class TorchBackendLoading(unittest.TestCase):
         self.assertIn("runs torch 2.12.0+cu130", m)
         self.assertIn('backend="pluggable"', m)
 
-    def test_capabilities_text(self):
-        self.assertEqual(_torch_backend.parse_capabilities("a=1,b=0"), {"a": True, "b": False})
-        self.assertEqual(_torch_backend.parse_capabilities(""), {})
-
     @unittest.skipUnless(TORCH_BACKEND and TORCH_BACKEND_VERSION,
                          "the PyTorch backend is not built here (cmake found no torch)")
     def test_the_built_backend_carries_its_torch_version_and_refuses_another(self):
@@ -301,11 +297,11 @@ class EnableLogic(unittest.TestCase):
             "print('RET', gt.enable())\n"
             "info = gt.backend_info()\n"
             "print('INFO', info['installed'], info['built_for'], gt.backend())\n"
-            "print('CAPS', sorted(info['capabilities']))\n",
+            "print('KEYS', sorted(info))\n",
             version=TORCH_BACKEND_VERSION, env={"GVMALLOC_TORCH_LIBRARY": TORCH_BACKEND})
         self.assertIn("RET None", out)
         self.assertIn("INFO True %s native" % TORCH_BACKEND_VERSION, out)
-        self.assertIn("'memory_map'", out)
+        self.assertIn("KEYS ['built_for', 'installed', 'library']", out)
 
     @unittest.skipUnless(TORCH_BACKEND and TORCH_BACKEND_VERSION,
                          "the PyTorch backend is not built here (cmake found no torch)")
@@ -320,7 +316,8 @@ class EnableLogic(unittest.TestCase):
 
 class SemanticsRunner(unittest.TestCase):
     """tests/python/_torch_semantics.py's table, over stand-in cases: a failing case, a
-    crash and a timeout are reported as such and the other cases still run."""
+    crash and a timeout are reported as such and the other cases still run; a fresh
+    case runs after the others in an interpreter of its own."""
 
     def test_every_outcome_is_reported_and_the_run_goes_on(self):
         with tempfile.TemporaryDirectory() as out:
@@ -332,7 +329,8 @@ class SemanticsRunner(unittest.TestCase):
             self.assertEqual(r.returncode, 1, r.stdout + r.stderr)  # something failed
             import json
             with open(os.path.join(out, "torch-semantics.json")) as f:
-                rows = {row["case"]: row for row in json.load(f)}
+                listed = json.load(f)
+                rows = {row["case"]: row for row in listed}
             with open(os.path.join(out, "torch-semantics.txt")) as f:
                 text = f.read()
         self.assertEqual({c: rows[c]["native"]["status"] for c in rows},
@@ -345,6 +343,14 @@ class SemanticsRunner(unittest.TestCase):
         # The case after the crash ran in a new worker; a fresh case gets its own.
         self.assertNotEqual(rows["after"]["gvm"]["detail"]["pid"], rows["passes"]["gvm"]["detail"]["pid"])
         self.assertNotEqual(rows["fresh"]["gvm"]["detail"]["pid"], rows["after"]["gvm"]["detail"]["pid"])
+        # Listed in the cases' order; the fresh case ran after the others (its
+        # interpreter was started ahead, while they ran).
+        self.assertEqual([row["case"] for row in listed],
+                         ["passes", "fresh", "fails", "crashes", "after", "hangs"])
+        self.assertGreater(rows["fresh"]["native"]["detail"]["t"],
+                           rows["after"]["native"]["detail"]["t"])
+        self.assertNotEqual(rows["fresh"]["native"]["detail"]["pid"],
+                            rows["passes"]["native"]["detail"]["pid"])
         self.assertRegex(text, r"crashes +pass +CRASH")
         self.assertIn("gvmalloc: 1 CRASH, 1 TIMEOUT, 1 fail, 3 pass", text)
 
@@ -438,6 +444,57 @@ class SimulatedAllocator(unittest.TestCase):
         gvmalloc.free(q, 0, 1)  # size 0: unknown, not checked
         gvmalloc.empty_cache()
         self.assertEqual(gvmalloc.memory_reserved(1), 0)
+
+    def test_a_forgotten_stream_handle_is_a_new_stream_afterwards(self):
+        gvmalloc.forget_stream(0x1234)  # before the allocator starts: nothing to do
+        self.assertFalse(gvmalloc.is_initialized())
+
+        def reuse_after(forget):
+            """(the same block again, the waits it took) for a block freed on a stream
+            and asked for again on a stream with the same handle."""
+            gvmalloc.init_simulated("h200", 1)
+            handle = 0x1234  # the simulated driver takes any handle as a stream
+            p = gvmalloc.malloc(8 * MiB, 0, handle)
+            gvmalloc.free(p, 8 * MiB, 0, handle)
+            before = gvmalloc.device_stats(0)
+            if forget:
+                gvmalloc.forget_stream(forget(handle))
+            q = gvmalloc.malloc(8 * MiB, 0, handle)
+            waits = gvmalloc.device_stats(0)["cross_stream_waits"] - before["cross_stream_waits"]
+            gvmalloc.free(q, 8 * MiB, 0, handle)
+            gvmalloc.shutdown()
+            return q == p, waits
+
+        # Not forgotten: the block freed on the stream is its own again at once.
+        self.assertEqual(reuse_after(None), (True, 0))
+
+        # Forgotten (as the handle, or a torch, CuPy or Numba stream object):
+        # the next stream with that handle is another stream, which takes the
+        # dead one's block only behind a wait on what the dead one left.
+        class TorchStream:
+            def __init__(self, h):
+                self.cuda_stream = h
+
+        class CupyStream:
+            def __init__(self, h):
+                self.ptr = h
+
+        class NumbaStream:
+            def __init__(self, h):
+                self.h = h
+
+            def __int__(self):
+                return self.h
+
+        for make in (int, TorchStream, CupyStream, NumbaStream):
+            self.assertEqual(reuse_after(make), (True, 1), make.__name__)
+
+    def test_forget_stream_refuses_what_is_no_stream(self):
+        gvmalloc.init_simulated("h200", 1)
+        with self.assertRaisesRegex(TypeError, "expected a stream handle"):
+            gvmalloc.forget_stream("cuda:0")
+        gvmalloc.forget_stream(0)  # the legacy stream: forgotten, the allocator goes on
+        gvmalloc.free(gvmalloc.malloc(4096), 4096)
 
     def test_memory_snapshot_is_the_json_text(self):
         gvmalloc.init_simulated("a100", 1)

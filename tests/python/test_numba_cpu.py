@@ -28,6 +28,32 @@ class WithoutNumba(unittest.TestCase):
             import gvmalloc.numba  # noqa: F401
 
 
+class NumpyAliases(unittest.TestCase):
+    """The shim the Numba GPU workload applies (tests/python/_numpy_aliases.py),
+    on stand-in numpy modules: what NumPy 2.5 lacks is set back, a NumPy that
+    still has it is left alone."""
+
+    def test_a_removed_alias_is_restored_and_said(self):
+        import types
+        import _numpy_aliases
+
+        def vstack(arrays):
+            return ("vstack", arrays)
+
+        np25 = types.SimpleNamespace(vstack=vstack)
+        self.assertEqual(_numpy_aliases.restore(np25), ["numpy.row_stack = numpy.vstack"])
+        self.assertIs(np25.row_stack, vstack)
+        self.assertEqual(_numpy_aliases.restore(np25), [], "a second call has nothing to do")
+
+    def test_a_numpy_that_has_it_is_left_alone(self):
+        import types
+        import _numpy_aliases
+        own = object()
+        np24 = types.SimpleNamespace(vstack=lambda a: a, row_stack=own)
+        self.assertEqual(_numpy_aliases.restore(np24), [])
+        self.assertIs(np24.row_stack, own)
+
+
 class Simulated(unittest.TestCase):
     def setUp(self):
         self.saved_conf = os.environ.pop("GVM_CONF", None)

@@ -30,6 +30,11 @@ class Numba(unittest.TestCase):
         if numba_gpus() < 1:
             self.skipTest("numba sees no GPU")
         r = _support.run_workload("numba")
+        if r["numpy_shim"]:
+            print("numba: shim needed: NumPy %s with numba-cuda %s (%s); the kernels ran with it"
+                  % (r["numpy"], r["numba_cuda"], ", ".join(r["numpy_shim"])))
+        else:
+            print("numba: no shim needed (NumPy %s, numba-cuda %s)" % (r["numpy"], r["numba_cuda"]))
         self.assertTrue(r["plugged"], "numba's context does not allocate through gvmalloc")
         self.assertLess(r["worst_saxpy"], 1e-14)
         self.assertTrue(r["scale_exact"])

@@ -31,7 +31,6 @@ class BackendSim : public ::testing::Test {
     Backend::instance().init(1);
   }
   Backend& b = Backend::instance();
-  Capabilities caps = AllocatorAdapter::capabilities();
 
   std::int64_t allocated(int pool = kStatAll) {
     return b.getDeviceStats(0).allocated_bytes[pool].current;
@@ -64,9 +63,7 @@ TEST_F(BackendSim, StatisticsFollowEachBlockWithPyTorchsMeaning) {
   b.resetPeakStats(0);
   s = b.getDeviceStats(0);
   EXPECT_EQ(s.allocated_bytes[kStatAll].peak, s.allocated_bytes[kStatAll].current);
-  if (caps.reset_peak) {
-    EXPECT_EQ(s.reserved_bytes[kStatAll].peak, s.reserved_bytes[kStatAll].current);
-  }
+  EXPECT_EQ(s.reserved_bytes[kStatAll].peak, s.reserved_bytes[kStatAll].current);
   b.resetAccumulatedStats(0);
   EXPECT_EQ(b.getDeviceStats(0).allocation[kStatAll].allocated, 0);
   b.raw_delete(b.malloc(4096, 0, nullptr));
@@ -124,7 +121,6 @@ TEST_F(BackendSim, OutOfMemoryIsPyTorchsErrorAndTheObserversSeeItFirst) {
 }
 
 TEST_F(BackendSim, ASnapshotShowsEachSegmentAndBlock) {
-  if (!caps.memory_map) GTEST_SKIP() << "gvmalloc has no memory_map in this build";
   void* p = b.malloc(5 * MiB, 0, nullptr);
   const auto info = b.snapshot({0, 0}, false);
   std::size_t total = 0;
@@ -181,18 +177,16 @@ TEST_F(BackendSim, HistoryRecordsAllocAndFreeWithTheirStacks) {
   EXPECT_EQ(actions[0], cda::TraceEntry::ALLOC);
   EXPECT_EQ(actions[1], cda::TraceEntry::FREE_REQUESTED);
   EXPECT_EQ(actions[2], cda::TraceEntry::FREE_COMPLETED);
-  if (caps.memory_map) {
-    bool with_stack = false;
-    for (const auto& s : info.segments) {
-      std::size_t addr = s.address;
-      for (const auto& blk : s.blocks) {
-        if (addr == reinterpret_cast<std::size_t>(kept))
-          with_stack = blk.context_when_allocated != nullptr;
-        addr += blk.size;
-      }
+  bool with_stack = false;
+  for (const auto& s : info.segments) {
+    std::size_t addr = s.address;
+    for (const auto& blk : s.blocks) {
+      if (addr == reinterpret_cast<std::size_t>(kept))
+        with_stack = blk.context_when_allocated != nullptr;
+      addr += blk.size;
     }
-    EXPECT_TRUE(with_stack) << "the live block has no stack";
   }
+  EXPECT_TRUE(with_stack) << "the live block has no stack";
   EXPECT_GE(tracked.load() - tracked0, 4);
   // skip_actions and disabling.
   b.recordHistory(true, &fake_recorder, 1000, cda::RecordContext::ALL, true, {"alloc"});
@@ -228,34 +222,52 @@ TEST_F(BackendSim, WithCachingDisabledAFreeReturnsItsMemory) {
   b.enable(true);
 }
 
-TEST_F(BackendSim, PoolsAndFractionsSayWhatTheAllocatorLacks) {
-  if (!caps.pool_allocate) {
-    try {
-      b.createOrIncrefPool(0, {0, 1});
-      FAIL() << "a pool without the allocator's pools";
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("create_pool"), std::string::npos) << e.what();
-    }
-    EXPECT_EQ(b.getPoolUseCount(0, {0, 1}), 0);
-  } else {
-    b.createOrIncrefPool(0, {0, 1});
-    EXPECT_EQ(b.getPoolUseCount(0, {0, 1}), 1);
-    b.releasePool(0, {0, 1});
-    EXPECT_EQ(b.getPoolUseCount(0, {0, 1}), 0);
-  }
-  if (!caps.memory_fraction) {
-    try {
-      b.setMemoryFraction(0.5, 0);
-      FAIL() << "a fraction without the allocator's";
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("set_memory_fraction"), std::string::npos) << e.what();
-    }
-    EXPECT_EQ(b.getMemoryFraction(0), 1.0);
-  }
+TEST_F(BackendSim, PoolsFractionsAndWhatIsRefused) {
+  b.createOrIncrefPool(0, {0, 1});
+  EXPECT_EQ(b.getPoolUseCount(0, {0, 1}), 1);
+  b.releasePool(0, {0, 1});
+  EXPECT_EQ(b.getPoolUseCount(0, {0, 1}), 0);
+  b.setMemoryFraction(0.5, 0);
+  EXPECT_DOUBLE_EQ(b.getMemoryFraction(0), 0.5);
+  b.setMemoryFraction(1.0, 0);
   EXPECT_THROW(b.setMemoryFraction(0.0, 0), c10::Error);
   EXPECT_THROW(b.getCheckpointState(0, {0, 99}), c10::Error);
   EXPECT_THROW(b.shareIpcHandle(nullptr), c10::Error);
   EXPECT_EQ(b.name(), "gvmalloc");
+}
+
+// The sizes of the semantics table's memory_stats_sequence case (float32
+// tensors of i*i*4+1 elements, then of i x 7i x 9i x 11i), freed in another
+// order: memory_allocated() must come back to where it started. It did not
+// while a free counted the block's size class instead of its request.
+TEST_F(BackendSim, MemoryAllocatedReturnsToItsStartAfterSmallAndLargeFrees) {
+  const auto s0 = b.getDeviceStats(0);
+  const std::size_t live0 = b.allocator().live_blocks();
+  std::vector<void*> held;
+  std::vector<std::size_t> sizes;
+  for (std::size_t i = 1; i < 18; ++i) sizes.push_back(4 * (i * i * 4 + 1));
+  for (std::size_t i = 5; i < 22; ++i) sizes.push_back(4 * i * (i * 7) * (i * 9) * (i * 11));
+  std::int64_t expect = 0;
+  for (std::size_t n : sizes) {
+    held.push_back(b.malloc(n, 0, nullptr));
+    expect += static_cast<std::int64_t>(torch_rounded(n));
+    EXPECT_EQ(allocated() - s0.allocated_bytes[kStatAll].current, expect);
+  }
+  for (std::size_t k = 0; k < held.size(); ++k) {
+    const std::size_t i = (k * 7) % held.size();  // 7 and 34 are coprime: each once
+    b.raw_delete(held[i]);
+    expect -= static_cast<std::int64_t>(torch_rounded(sizes[i]));
+    EXPECT_EQ(allocated() - s0.allocated_bytes[kStatAll].current, expect) << "after freeing "
+                                                                         << sizes[i] << " bytes";
+  }
+  const auto s = b.getDeviceStats(0);
+  for (int t = 0; t < kStatTypes; ++t) {
+    const auto i = static_cast<std::size_t>(t);
+    EXPECT_EQ(s.allocated_bytes[i].current, s0.allocated_bytes[i].current) << "stat type " << t;
+    EXPECT_EQ(s.requested_bytes[i].current, s0.requested_bytes[i].current) << "stat type " << t;
+    EXPECT_EQ(s.allocation[i].current, s0.allocation[i].current) << "stat type " << t;
+  }
+  EXPECT_EQ(b.allocator().live_blocks(), live0);
 }
 
 TEST_F(BackendSim, ThreadsAllocatingAndFreeingLeaveExactCounts) {

@@ -23,7 +23,7 @@ __all__ = [
     "GvmError", "LibraryNotFound", "OutOfMemoryError", "TorchBackendNotFound",
     "TorchBackendError", "TorchVersionMismatch", "library_path",
     "init", "init_simulated", "shutdown", "is_initialized", "ensure_initialized",
-    "malloc", "free", "scratch_malloc", "record_stream",
+    "malloc", "free", "scratch_malloc", "record_stream", "forget_stream",
     "stats", "memory_snapshot", "device_stats", "memory_reserved", "max_memory_reserved",
     "memory_allocated", "max_memory_allocated", "empty_cache",
     "set_peer_policy", "peer_policy", "peer_copy", "merge_conf",
@@ -110,6 +110,39 @@ def record_stream(ptr, stream, stream_device=None):
     else:
         _lib.check(lib.gvm_record_stream_on(int(ptr) or None, int(stream) or None,
                                             int(stream_device)))
+
+
+def _stream_handle(stream):
+    """The handle of a stream given as an int, a torch.cuda.Stream (or ExternalStream:
+    .cuda_stream), a CuPy stream (.ptr) or a Numba stream (int())."""
+    for attr in ("cuda_stream", "ptr"):
+        handle = getattr(stream, attr, None)
+        if handle is not None:
+            return int(handle)
+    try:
+        return int(stream)
+    except (TypeError, ValueError):
+        raise TypeError("expected a stream handle (int) or a stream object of torch, CuPy or "
+                        "Numba, got %r" % (stream,)) from None
+
+
+def forget_stream(stream):
+    """The stream is being destroyed (gvm_forget_stream): from now on gvmalloc never
+    touches its handle again, waits for what it left through the events it already
+    has, and takes a new stream that gets the same handle for a new stream.
+
+    Call it before or right after the stream is destroyed, for a stream gvmalloc has
+    seen (any stream its blocks were allocated or recorded on): a torch.cuda.ExternalStream
+    or another library's stream that dies while gvmalloc may still record events on
+    it. PyTorch's own pooled streams are never destroyed and need nothing
+    (docs/pytorch.md, "Streams"). A stream gvmalloc never saw, or a call before the
+    allocator started, does nothing.
+    """
+    handle = _stream_handle(stream)
+    lib = _lib.load()
+    if not lib.gvm_is_initialized():
+        return
+    _lib.check(lib.gvm_forget_stream(handle or None))
 
 
 # ---- statistics --------------------------------------------------------------------

@@ -83,7 +83,6 @@ def _load(path):
     except OSError as e:
         raise TorchBackendError("gvmalloc: found %s but could not load it: %s" % (path, e)) from e
     lib.gvm_torch_built_for.restype = ctypes.c_char_p
-    lib.gvm_torch_capabilities.restype = ctypes.c_char_p
     lib.gvm_torch_is_installed.restype = ctypes.c_int
     lib.gvm_torch_install.restype = ctypes.c_int
     lib.gvm_torch_install.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
@@ -112,16 +111,6 @@ def install(running_version, gvmalloc_library, environ=None):
         raise TorchBackendError("gvmalloc: installing the PyTorch backend failed: %s" % message)
 
 
-def parse_capabilities(text):
-    """"a=1,b=0" -> {"a": True, "b": False}."""
-    out = {}
-    for item in (text or "").split(","):
-        key, _, value = item.partition("=")
-        if key:
-            out[key.strip()] = value.strip() == "1"
-    return out
-
-
 def info():
     """What the loaded backend says of itself; None before it is loaded."""
     if _loaded is None:
@@ -131,5 +120,4 @@ def info():
         "library": path,
         "built_for": lib.gvm_torch_built_for().decode(),
         "installed": bool(lib.gvm_torch_is_installed()),
-        "capabilities": parse_capabilities(lib.gvm_torch_capabilities().decode()),
     }

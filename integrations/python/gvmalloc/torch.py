@@ -92,8 +92,8 @@ def backend():
 
 
 def backend_info():
-    """The native backend's library, the torch it was built for, and which parts of
-    gvmalloc's API it uses (capabilities); None unless enable() installed it."""
+    """The native backend's library, the torch it was built for and whether it is
+    installed; None unless enable() loaded it."""
     return _torch_backend.info()
 
 

@@ -408,7 +408,7 @@ void Backend::emptyCache(c10::MempoolId_t mempool_id) {
   const int n = device_count_.load(std::memory_order_relaxed);
   for (int d = 0; d < n; ++d) {
     if (auto t = device_state(d).pools.find(key); t && !t->custom) {
-      torch_errors("empty_cache of a pool", [&] { gvm_.trim_pool(t->pool, d); });
+      torch_errors("empty_cache of a pool", [&] { gvm_.trim_pool(t->pool); });
     }
   }
 }
@@ -663,14 +663,6 @@ cca::CheckpointDelta Backend::setCheckpointPoolState(c10::DeviceIndex device,
               "gvmalloc: setCheckpointPoolState: not a checkpoint of gvmalloc's backend");
   TORCH_CHECK(state->device == device, "gvmalloc: setCheckpointPoolState: a checkpoint of device ",
               state->device, " restored on device ", static_cast<int>(device));
-  const Capabilities caps = AllocatorAdapter::capabilities();
-  if (!caps.allocate_at || !caps.deallocate_by_ptr) {
-    fail(
-        "gvmalloc: restoring a pool checkpoint (torch.compile mode=\"reduce-overhead\" recording a "
-        "new CUDA graph after replays) needs gvm::Allocator::allocate_at and deallocate(ptr), "
-        "which "
-        "this gvmalloc build does not have yet (docs/pytorch.md); nothing was changed");
-  }
   const auto t = device_state(state->device).pools.find(state->key);
   TORCH_CHECK(t.has_value() && t->pool == state->pool, "gvmalloc: setCheckpointPoolState: pool (",
               state->key.first, ", ", state->key.second, ") is gone");

@@ -28,7 +28,7 @@ auto torch_errors(const char* doing, F&& f) -> decltype(f()) {
     throw;
   } catch (const std::exception& e) {
     const std::string what = e.what();
-    // The adapter's api_unavailable messages already start with "gvmalloc".
+    // gvmalloc's own messages already start with "gvmalloc".
     if (what.rfind("gvmalloc", 0) == 0) fail(what);
     fail(std::string("gvmalloc: ") + doing + ": " + what);
   }

@@ -5,7 +5,6 @@
 //   gvm_torch_install(v, ...)  checks v (the running torch.__version__), then
 //                              makes the backend PyTorch's CUDA allocator
 //   gvm_torch_is_installed()   1 once installed
-//   gvm_torch_capabilities()   which parts of gvmalloc's API the build uses
 //
 // The built-for version is also in the file as the text
 // "gvmalloc-torch-built-for:<version>" (kBuiltForMarker), which the Python
@@ -62,11 +61,6 @@ GVM_TORCH_API const char* gvm_torch_built_for(void) {
 GVM_TORCH_API int gvm_torch_is_installed(void) {
   std::lock_guard lock(g_install_mutex);
   return g_installed ? 1 : 0;
-}
-
-GVM_TORCH_API const char* gvm_torch_capabilities(void) {
-  static const std::string caps = gvm::torch_backend::AllocatorAdapter::capabilities().to_string();
-  return caps.c_str();
 }
 
 GVM_TORCH_API int gvm_torch_install(const char* running_torch_version, char* message,

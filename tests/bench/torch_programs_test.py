@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""bench/torch_programs.py's side-by-side run without torch or a GPU: the
+programs' runs are replaced by made-up results and the clock by a fake one, so
+that the order of the runs, the --deadline (a run starts only when it should
+end in time), both tables and the exit status are checked on any machine.
+Usage: torch_programs_test.py PATH/TO/torch_programs.py
+"""
+import importlib.util
+import io
+import json
+import os
+import sys
+import tempfile
+from contextlib import redirect_stdout
+
+FAILURES = []
+
+
+def check(cond, what):
+    if not cond:
+        FAILURES.append(what)
+
+
+def load(path):
+    spec = importlib.util.spec_from_file_location("torch_programs", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fake_result(program, allocator, step_ms, wall_s):
+    return {"allocator": allocator, "median_step_s": step_ms / 1e3, "steps": 16,
+            "peak_reserved": (1000 if allocator == "native" else 900) * (1 << 20),
+            "checks": ["0x1p+0", "0x1p-1"], "alloc_pair_us": {"4096": 2.0, "1048576": 2.5,
+                                                              "67108864": 3.0},
+            "profile": "(the profiler's table of %s, %s)" % (program, allocator),
+            "alloc_ops": {"steps": 4, "alloc_ops_self_cpu_ms_per_step": 1.5,
+                          "alloc_ops_calls_per_step": 500.0, "all_ops_self_cpu_ms_per_step": 30.0,
+                          "by_op": {"aten::empty": {"calls": 1600, "self_cpu_ms": 4.0},
+                                    "aten::empty_strided": {"calls": 400, "self_cpu_ms": 2.0}}},
+            "allocations_per_step": 600.0, "backend": "x", "wall_s": wall_s,
+            "gvmalloc": {"driver_calls": [{"call": "cuMemMap", "calls": 10, "ms": 1.0}],
+                         "device0": {"fences": 0}}}
+
+
+def run(tp, argv, walls, fail=()):
+    """main(argv) with every run taking walls[program] fake seconds."""
+    clock = [0.0]
+    started = []
+
+    def run_one(program, allocator, steps, timeout):
+        started.append((program, allocator, timeout))
+        clock[0] += walls[program]
+        if (program, allocator) in fail:
+            return {"allocator": allocator, "error": "no result (exit 1)", "stderr": "boom"}
+        return fake_result(program, allocator, 100.0 if allocator != "gvm" else 90.0, walls[program])
+
+    tp.run_one = run_one
+    tp.time.monotonic = lambda: clock[0]
+    out = io.StringIO()
+    with redirect_stdout(out):
+        rc = tp.main(argv)
+    return rc, started, out.getvalue()
+
+
+def main(path):
+    tp = load(path)
+    walls = {"resnet50": 30.0, "gpt2": 20.0, "llama": 40.0}
+    with tempfile.TemporaryDirectory() as d:
+        # No deadline: every program with every allocator, then ResNet-50's second native run.
+        rc, started, text = run(tp, ["--out", d], walls)
+        check(rc == 0, "exit status %d with every run passing" % rc)
+        check([(p, a) for p, a, _ in started] ==
+              [(p, a) for p in ("resnet50", "gpt2", "llama") for a in ("native", "gvm", "expandable")]
+              + [("resnet50", "native#2")], "the order of the runs: %s" % started)
+        check("=== PyTorch programs" in text and "=== Where the time goes" in text, "both tables")
+        check(os.path.exists(os.path.join(d, "torch-programs.json")), "the JSON is written")
+        with open(os.path.join(d, "torch-programs.txt")) as f:
+            saved = f.read()
+        check("=== Where the time goes" in saved, "the second table is in the text file")
+        # gvm's row: 90 ms step, 0.900x; 600 allocations a step x 2 us = 1.2 ms; 1.5 ms of 90.
+        row = [l for l in saved.splitlines() if l.startswith("gpt2") and " gvm " in l]
+        check(len(row) == 2, "one gpt2 gvm row in each table: %s" % row)
+        if len(row) == 2:
+            check("0.900x" in row[0] and "0.900x" in row[0].split("MiB")[1], "ratios: " + row[0])
+            check("600.0" in row[1] and "1.67%" in row[1] and "1.200" in row[1], "time row: " + row[1])
+        check("aten::empty 1600 calls 4.0 ms" in saved, "the allocating operators, per operator")
+        check("gvmalloc driver calls (all of the run): cuMemMap 10 calls 1.0 ms" in saved,
+              "gvmalloc's driver calls")
+
+        # A deadline of 150 s: resnet 3 x 30 = 90, gpt2 2 x 20 = 130 s; gpt2's third run
+        # needs 20 s x 1.2 = 24 s, 20 are left: not run; llama, not run yet, is judged
+        # by the longest run so far (36 s): not run either.
+        rc, started, text = run(tp, ["--out", d, "--deadline", "150"], walls)
+        check(rc == 0, "runs not started are not failures (exit %d)" % rc)
+        check([(p, a) for p, a, _ in started] ==
+              [("resnet50", a) for a in ("native", "gvm", "expandable")] +
+              [("gpt2", "native"), ("gpt2", "gvm")], "runs under the deadline: %s" % started)
+        check(all(t <= 240 for _, _, t in started), "a run's timeout is at most 240 s")
+        check("gpt2      expandable  not run: 20 s left of the --deadline, a run takes about 24 s"
+              in text, "the run left out says why:\n" + text)
+        check("llama     native      not run" in text, "llama is reported as not run")
+        check("run(s) not started" in text, "the count of runs not started")
+
+        # A failed run: exit status 1, the others still run and are compared.
+        rc, started, text = run(tp, ["--out", d, "--programs", "gpt2"], walls,
+                                fail={("gpt2", "gvm")})
+        check(rc == 1, "a failed run makes the exit status 1")
+        check(len(started) == 3, "the runs after a failure still run")
+        check("gpt2      gvm         FAILED: no result (exit 1)" in text, "the failure is in the table")
+        json.dumps(text)
+    if FAILURES:
+        print("FAILED checks:")
+        for f in FAILURES:
+            print("  - " + f)
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
