@@ -205,6 +205,33 @@ class PluginOnAStandInContext(Simulated):
         gc.collect()
         self.assertEqual(gvmalloc.device_stats(0)["allocations"], 2)
 
+    def test_a_dead_numba_stream_is_forgotten(self):
+        class Stream:  # what gvmalloc reads of a numba Stream: int(s) is its handle
+            def __init__(self, h):
+                self.h = h
+
+            def __int__(self):
+                return self.h
+
+        s = Stream(0x1234)
+        with self.gn.stream(s):
+            owned = self.mm.memalloc(8 * MiB)
+        p = owned.device_pointer_value
+        del owned
+        gc.collect()  # freed on s; s is still alive: its block is its own again
+        with self.gn.stream(s):
+            again = self.mm.memalloc(8 * MiB)
+        self.assertEqual(again.device_pointer_value, p)
+        del again
+        gc.collect()
+        before = gvmalloc.device_stats(0)["cross_stream_waits"]
+        del s
+        gc.collect()  # numba destroys the stream: gvmalloc forgets its handle
+        with self.gn.stream(Stream(0x1234)):  # a new stream with the same handle
+            third = self.mm.memalloc(8 * MiB)
+        self.assertEqual(third.device_pointer_value, p)
+        self.assertEqual(gvmalloc.device_stats(0)["cross_stream_waits"] - before, 1)
+
     def test_stats_are_gvmallocs(self):
         keep = self.mm.memalloc(MiB)  # noqa: F841
         self.assertEqual(self.mm.memory_stats()["live_bytes"], gvmalloc.memory_allocated(0))

@@ -58,7 +58,8 @@ class Allocator {
   // waits for what the stream left through the events it already has (or a
   // device synchronisation), and treats a new stream that gets the same
   // handle as a new stream. The CuPy and Numba integrations call it for the
-  // streams they see die. Unknown streams are ignored.
+  // stream objects they see die (Numba: streams named with
+  // gvmalloc.numba.stream). Unknown streams are ignored.
   void forget_stream(vmm::StreamHandle stream);
 
   // Returns a block. `bytes` must be what was asked for (or kUnknownSize);

@@ -142,6 +142,8 @@ class GvmallocMemoryManager(_driver.HostOnlyCUDAMemoryManager):
                 # allocator sees the out-of-memory it knows.
                 raise _driver.CudaAPIError(_oom_code(), str(err)) from err
             raise err
+        if owner is not None and handle != 0:
+            _watch(owner, handle)
         frees = self._frees
         allocations = self.allocations
 
@@ -194,6 +196,31 @@ class GvmallocMemoryManager(_driver.HostOnlyCUDAMemoryManager):
     def memory_stats(self):
         """gvmalloc's counters of this device (gvmalloc.device_stats)."""
         return _gvm.device_stats(self.device)
+
+
+_watched = {}  # id(numba Stream object) -> its finalizer
+
+
+def _watch(stream_obj, handle):
+    """gvm_forget_stream(handle) when the numba Stream object dies (numba destroys
+    the stream then; the blocks allocated under it keep it alive until they are
+    freed): a later stream with the same handle is then a new stream to
+    gvmalloc. An int handle names no object to watch: forget_stream() is the
+    caller's to call."""
+    if isinstance(stream_obj, int) or id(stream_obj) in _watched:
+        return
+    try:
+        f = weakref.finalize(stream_obj, _forget, handle, id(stream_obj))
+    except TypeError:  # no weak references: nothing to hook
+        return
+    f.atexit = False
+    _watched[id(stream_obj)] = f
+
+
+def _forget(handle, key):
+    _watched.pop(key, None)
+    if _gvm.is_initialized():
+        _lib.load().gvm_forget_stream(handle)
 
 
 def _oom_code():
