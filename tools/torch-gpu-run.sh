@@ -103,9 +103,9 @@ fi
 if want info; then
   step info "${GVM_TORCH_INFO_S:-120}" "$PYTHON" -c '
 import torch, gvmalloc, gvmalloc.torch as gt
+gt.enable()  # first: a CUDA query below starts the allocator PyTorch would then keep
 print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
-gt.enable()
 torch.zeros(1, device="cuda")
 info = gt.backend_info()
 print("backend", torch.cuda.get_allocator_backend(), info["library"], "built for", info["built_for"],

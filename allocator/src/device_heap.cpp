@@ -392,6 +392,11 @@ std::size_t DeviceHeap::release_cached(std::size_t want, bool all, bool include_
   for (Heap* h : heaps()) {
     if (!all && dropped >= want) break;
     if (h->kind() == Heap::Kind::scratch && !include_scratch) continue;
+    // A private pool's free memory is the graphs' it was captured for: a
+    // replay writes where the capture freed. It goes back only with the pool
+    // (release_pool) or when its owner asks (trim_pool), as PyTorch's
+    // allocator frees a graph pool's blocks only once the pool is released.
+    if (h->kind() == Heap::Kind::pool && !h->released()) continue;
     dropped += h->release_cached(all ? 0 : want - dropped, all);
   }
   return dropped;

@@ -124,6 +124,43 @@ TEST_F(PoolsTest, ReleasedPoolGivesItsMemoryBackAsItsBlocksAreFreed) {
   EXPECT_TRUE(invariants());
 }
 
+// A graph captured into a pool writes, at every replay, where the capture
+// freed: a live pool's free memory stays mapped through a trim, an
+// out-of-memory retry, the release threshold and release before growth (it
+// did not: torch.compile's reduce-overhead then failed with "invalid
+// argument" on an H200, a copy into an unmapped static buffer). Only the
+// pool's release or its own trim_pool gives it back.
+TEST_F(PoolsTest, ALivePoolsFreeMemoryStaysMappedForItsGraphs) {
+  a_.reset();
+  Config c;
+  c.max_chunk_bytes = 4 * kMiB;
+  c.release_threshold_bytes = 0;
+  sim_->set_physical_budget(0, 64 * kMiB);
+  a_ = std::make_unique<Allocator>(*sim_, c);
+  const PoolId p = a_->create_pool(0);
+  void* x = a_->allocate(16 * kMiB, 0, s_, p);
+  a_->deallocate(x, 16 * kMiB, 0, s_);  // the capture's free: the graph still writes there
+  auto graph_writes = [&] {
+    return sim_->enqueue_access(0, s_, at(x), 16 * kMiB, AccessKind::write);
+  };
+  a_->trim();
+  EXPECT_EQ(graph_writes(), Result::success) << "trim unmapped the pool's memory";
+  // Growth outside the pool up to the device's memory: out of memory rather
+  // than the pool's memory.
+  void* big = nullptr;
+  EXPECT_THROW(big = a_->allocate(60 * kMiB, 0, t_), gvm::out_of_memory);
+  EXPECT_EQ(graph_writes(), Result::success) << "an out-of-memory retry unmapped it";
+  void* y = a_->allocate(32 * kMiB, 0, t_);
+  a_->deallocate(y, 32 * kMiB, 0, t_);  // above the threshold (0)
+  EXPECT_EQ(graph_writes(), Result::success) << "the release threshold unmapped it";
+  EXPECT_EQ(sim_->sticky_error(), Result::success);
+  sim_->complete_all();
+  a_->trim_pool(p);  // the owner asks
+  EXPECT_EQ(a_->device_stats(0).reserved_bytes, 0u);
+  (void)big;
+  EXPECT_TRUE(invariants());
+}
+
 TEST_F(PoolsTest, DeallocateByPointerUsesTheAllocationStreamAndReturnsTheSize) {
   void* big = a_->allocate(3 * kMiB + 5, 0, t_);
   void* small = a_->allocate(700, 0, t_);
