@@ -43,7 +43,7 @@ GrowthPlan GrowthPolicy::plan(std::size_t need, std::size_t reserved, std::size_
     const double peak = static_cast<double>(std::max(live_after, peak_live));
     const auto bound = static_cast<std::size_t>(peak * (1.0 + config_.reserve_slack));
     if (reserved + need > bound && reserved + need > peak_reserved &&
-        need * kReleaseGrowthFraction >= reserved) {
+        need * kReleaseGrowthFraction >= reserved && need >= kReleaseGrowthMinBytes) {
       const std::size_t want = reserved + need - bound;
       if (want > p.release) {
         p.release = want;

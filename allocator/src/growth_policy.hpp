@@ -55,6 +55,15 @@ class GrowthPolicy {
   // the cold size classes 1.102, at 428 chunks mapped instead of 88:
   // docs/design-notes.md, "Fragmentation").
   static constexpr std::size_t kReleaseGrowthFraction = 128;
+  // ... and at least four granules (8 MiB). A release and the re-growth it
+  // forces cost a fence and five driver calls (cuMemUnmap, cuMemRelease,
+  // cuMemCreate, cuMemMap, cuMemSetAccess: 0.1-1 ms on an H200,
+  // docs/measurements.md); for a growth of a granule or two that is paid
+  // again and again at a fragmented steady state. One thread replacing 100
+  // live blocks of 256 B-4 MiB: a release every 167 operations and 0.44-0.9
+  // us per operation on an H200 without this floor, 0.0003 driver calls per
+  // operation with it; the shipped traces' ratios are the same with it.
+  static constexpr std::size_t kReleaseGrowthMinBytes = std::size_t{8} << 20;
 
   GrowthPolicy(const Config& config, std::size_t device_memory) noexcept
       : config_(config), device_memory_(device_memory) {}
