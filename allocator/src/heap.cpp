@@ -767,14 +767,30 @@ std::size_t Heap::release_cached(std::size_t want, bool all) {
   WaitSet waits;
   {
     std::lock_guard<SpinLock> guard(lock_);
+    // Which chunks go: the largest first until `want` is met. Then they are
+    // begun in address order (one walk of the region), and dropped and
+    // ended in the order chosen.
+    const std::vector<std::uint32_t> cached = arena_.cached_chunks();
+    const std::vector<bool> ok = arena_.releasable(cached);
+    std::vector<std::uint32_t> chosen;
     std::size_t sum = 0;
-    for (std::uint32_t c : arena_.cached_chunks()) {  // largest first
+    for (std::size_t i = 0; i < cached.size(); ++i) {
       if (!all && sum >= want) break;
-      LargeArena::Release r;
-      if (!arena_.begin_release(c, &r, &waits)) continue;
-      sum += r.size;
-      picked.push_back(std::move(r));
+      if (!ok[i]) continue;
+      chosen.push_back(cached[i]);
+      sum += arena_.chunk_size(cached[i]);
     }
+    std::vector<std::size_t> by_address(chosen.size());
+    for (std::size_t i = 0; i < by_address.size(); ++i) by_address[i] = i;
+    std::sort(by_address.begin(), by_address.end(), [&](std::size_t a, std::size_t b) {
+      return arena_.chunk_addr(chosen[a]) < arena_.chunk_addr(chosen[b]);
+    });
+    std::vector<LargeArena::Release> begun(chosen.size());
+    std::vector<bool> taken(chosen.size(), false);
+    Block* cursor = nullptr;
+    for (std::size_t i : by_address) taken[i] = arena_.begin_release(chosen[i], &begun[i], &waits, &cursor);
+    for (std::size_t i = 0; i < chosen.size(); ++i)
+      if (taken[i]) picked.push_back(std::move(begun[i]));
   }
   if (picked.empty()) return 0;
   if (kind_ == Kind::scratch && !device_.config().scratch_fence_tracked) {

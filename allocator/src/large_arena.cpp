@@ -465,7 +465,34 @@ std::size_t LargeArena::cached_bytes() const {
   return n;
 }
 
-bool LargeArena::begin_release(std::uint32_t idx, Release* out, WaitSet* waits) {
+std::vector<bool> LargeArena::releasable(const std::vector<std::uint32_t>& chunks) const {
+  std::vector<bool> ok(chunks.size(), true);
+  std::vector<std::size_t> order(chunks.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return chunks_[chunks[a]].addr < chunks_[chunks[b]].addr;
+  });
+  // One walk per region, the chunks in address order beside it (chunks do
+  // not overlap, so each block is looked at about once).
+  std::size_t k = 0;
+  for (const auto& reg : regions_) {
+    const Block* b = reg->first;
+    while (k < order.size() && chunks_[chunks[order[k]]].addr < reg->base) ++k;
+    for (; k < order.size(); ++k) {
+      const ChunkRec& c = chunks_[chunks[order[k]]];
+      if (c.addr - reg->base >= reg->size) break;
+      while (b != nullptr && b->end() <= c.addr) b = b->next;
+      for (const Block* x = b; x != nullptr && x->addr < c.addr + c.size; x = x->next)
+        if (!x->free) {
+          ok[order[k]] = false;
+          break;
+        }
+    }
+  }
+  return ok;
+}
+
+bool LargeArena::begin_release(std::uint32_t idx, Release* out, WaitSet* waits, Block** cursor) {
   ChunkRec& c = chunks_[idx];
   const std::uintptr_t lo = c.addr, hi = c.addr + c.size;
   Region* r = c.segment;
@@ -474,6 +501,8 @@ bool LargeArena::begin_release(std::uint32_t idx, Release* out, WaitSet* waits) 
       if (lo - reg->base < reg->size) r = reg.get();
   }
   Block* first = r == nullptr ? nullptr : r->first;
+  if (cursor != nullptr && *cursor != nullptr && (*cursor)->region == r && (*cursor)->addr <= lo)
+    first = *cursor;
   while (first != nullptr && first->end() <= lo) first = first->next;
   // A count of zero is not proof enough: a block taken over an edge granule
   // of this chunk before the growth of its neighbour mapped it is not yet
@@ -489,6 +518,7 @@ bool LargeArena::begin_release(std::uint32_t idx, Release* out, WaitSet* waits) 
   // The chunk is wholly free: free blocks cover it. Cut each at the chunk's
   // edges and take the pieces inside out of the free set.
   Block* b = first;
+  out->first = nullptr;
   while (b != nullptr && b->addr < hi) {
     Block* next = b->next;
     if (b->free) {
@@ -503,7 +533,9 @@ bool LargeArena::begin_release(std::uint32_t idx, Release* out, WaitSet* waits) 
       waits->merge(b->waits);
       b->free = false;
       b->releasing = true;
+      if (out->first == nullptr) out->first = b;
     }
+    if (cursor != nullptr) *cursor = b;
     b = next;
   }
   return true;
@@ -544,13 +576,11 @@ void LargeArena::end_release(Release& rel, bool dropped) {
     c = ChunkRec{};
     free_chunk_slots_.push_back(idx);
   }
-  // The pieces go back: unmapped memory waits for nothing.
-  Region* r = nullptr;
-  for (const auto& reg : regions_)
-    if (lo - reg->base < reg->size) r = reg.get();
-  if (r == nullptr) return;
+  // The pieces go back: unmapped memory waits for nothing. They lie from
+  // rel.first to the chunk's end, all of them releasing: no merge or split
+  // touches a block that is neither free nor live.
   std::vector<Block*> pieces;
-  for (Block* b = r->first; b != nullptr && b->addr < hi; b = b->next)
+  for (Block* b = rel.first; b != nullptr && b->addr < hi; b = b->next)
     if (b->releasing && b->addr >= lo) pieces.push_back(b);
   for (Block* b : pieces) {
     if (dropped) b->waits.clear();

@@ -121,19 +121,30 @@ class LargeArena {
   std::vector<std::uint32_t> cached_chunks() const;
   std::size_t cached_bytes() const;
   std::size_t chunk_size(std::uint32_t c) const { return chunks_[c].size; }
+  std::uintptr_t chunk_addr(std::uint32_t c) const { return chunks_[c].addr; }
   std::size_t mapped_bytes() const noexcept { return mapped_; }
   // A chunk on its way out: its range is carved out of the free set and its
   // driver handles are held here, so the driver call runs with no lock.
   struct Release {
     std::uint32_t chunk = 0;
     std::size_t size = 0;
+    Block* first = nullptr;      // the first of the pieces carved out (in address order)
     vmm::MappedChunk mem;        // VMM
     vmm::DevicePtr segment = 0;  // no VMM
   };
   // Begins the release of chunk c, adding what it must wait for to *waits;
   // false, changing nothing, when a block that is not free still lies over
   // part of it (one whose count is not in yet: begin_release says why).
-  bool begin_release(std::uint32_t c, Release* out, WaitSet* waits);
+  // `cursor`: where the walk to c's first block may start - a block of the
+  // same lock hold (blocks are only split meanwhile, never merged) - and
+  // where the walk ended, for the next call; chunks begun in address order
+  // so walk each region once. Null: from the region's start.
+  bool begin_release(std::uint32_t c, Release* out, WaitSet* waits, Block** cursor = nullptr);
+  // For each of `chunks`, whether begin_release would take it now, in one
+  // walk of each region. With both, a trim of 32,768 chunks of 2 MiB no
+  // longer walks the region from its start for each one (quadratic: 4.2x
+  // its driver time on an H200).
+  std::vector<bool> releasable(const std::vector<std::uint32_t>& chunks) const;
   // The driver call that drops it (VMM: unmap + release; no VMM: cuMemFree
   // of the segment). No lock needed.
   vmm::Result drop(Release& r) noexcept;
