@@ -13,6 +13,8 @@
 #   GVM_BENCH_MIN_TIME=0.2                seconds per repetition (microbenchmarks)
 #   GVM_BENCH_GROWTH_FILTER=gvm_cuda      which growth/trim cases (a benchmark filter)
 #   GVM_BENCH_SKIP_PEER=1                 leave out gvm-bench-peer
+#   GVM_BENCH_COMMIT="abc1234 subject"    the commit env.json names, for a copy of
+#                                         the tree whose .git is not its own
 #
 # Then: tools/bench-report.py RESULTS_DIR   (writes docs/benchmarks.md + plots)
 #       tools/bench-report.py RESULTS_DIR --readme README.md --peers traces/peers.csv
@@ -91,6 +93,17 @@ for l in run(["lscpu"]).splitlines():
     if l.startswith("Model name:"):
         cpu = l.split(":", 1)[1].strip()
 torch = run([sys.executable, "-c", "import torch; print(torch.__version__)"])
+# The commit measured: GVM_BENCH_COMMIT when given; else the tree's HEAD,
+# said to differ when tracked files do not match it (a copy of the tree with
+# an older .git named a commit that was not the one measured).
+commit = os.environ.get("GVM_BENCH_COMMIT", "")
+if not commit:
+    commit = run(["git", "-C", sys.argv[4], "log", "-1", "--format=%h %s"]) or "unknown"
+    changed = [l for l in run(["git", "-C", sys.argv[4], "status", "--porcelain",
+                               "--untracked-files=no"]).splitlines() if l.strip()]
+    if changed:
+        commit += " (the working tree differs from it in %d tracked file%s)" % (
+            len(changed), "" if len(changed) == 1 else "s")
 env = {
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     "host": platform.node(),
@@ -100,7 +113,7 @@ env = {
     "cpu": cpu or platform.processor(),
     "nproc": os.cpu_count(),
     "torch_version": torch or "not installed",
-    "commit": run(["git", "-C", sys.argv[4], "log", "-1", "--format=%h %s"]),
+    "commit": commit,
     "command": sys.argv[2],
     "bench_args": sys.argv[3],
 }
