@@ -466,27 +466,28 @@ std::size_t LargeArena::cached_bytes() const {
 }
 
 std::vector<bool> LargeArena::releasable(const std::vector<std::uint32_t>& chunks) const {
-  std::vector<bool> ok(chunks.size(), true);
+  std::vector<bool> ok(chunks.size(), false);
   std::vector<std::size_t> order(chunks.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return chunks_[chunks[a]].addr < chunks_[chunks[b]].addr;
-  });
-  // One walk per region, the chunks in address order beside it (chunks do
-  // not overlap, so each block is looked at about once).
-  std::size_t k = 0;
+  auto addr = [&](std::size_t i) { return chunks_[chunks[i]].addr; };
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return addr(a) < addr(b); });
+  // Per region (in whatever order the reservations came), its chunks in
+  // address order beside one walk of its blocks: chunks do not overlap, so
+  // each block is looked at about once.
   for (const auto& reg : regions_) {
+    auto it = std::lower_bound(order.begin(), order.end(), reg->base,
+                               [&](std::size_t i, std::uintptr_t a) { return addr(i) < a; });
     const Block* b = reg->first;
-    while (k < order.size() && chunks_[chunks[order[k]]].addr < reg->base) ++k;
-    for (; k < order.size(); ++k) {
-      const ChunkRec& c = chunks_[chunks[order[k]]];
-      if (c.addr - reg->base >= reg->size) break;
+    for (; it != order.end() && addr(*it) - reg->base < reg->size; ++it) {
+      const ChunkRec& c = chunks_[chunks[*it]];
       while (b != nullptr && b->end() <= c.addr) b = b->next;
+      bool all_free = true;
       for (const Block* x = b; x != nullptr && x->addr < c.addr + c.size; x = x->next)
         if (!x->free) {
-          ok[order[k]] = false;
+          all_free = false;
           break;
         }
+      ok[*it] = all_free;
     }
   }
   return ok;

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <ostream>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -616,6 +617,45 @@ TEST_F(SimAllocatorTest, FailedUnmapDuringTrimKeepsTheChunk) {
     EXPECT_EQ(sim().live_handles(), 0u);
     EXPECT_TRUE(invariants());
   }
+}
+
+// A trim of many chunks picks the wholly free ones in one walk and begins
+// them in address order (LargeArena::releasable and its cursor): every chunk
+// under a live block stays, every other one goes, and the blocks left are
+// whole - with blocks across chunk edges, and freed in an order unlike
+// their addresses.
+TEST_F(SimAllocatorTest, TrimOfManyChunksReturnsExactlyTheWhollyFreeOnes) {
+  Allocator& a = make(tiny());  // one 2 MiB granule per chunk
+  StreamHandle s = new_stream();
+  constexpr std::size_t kBlock = 3 * kMiB / 2;  // 1.5 MiB: blocks straddle chunk edges
+  std::vector<void*> blocks;
+  for (int i = 0; i < 36; ++i) blocks.push_back(a.allocate(kBlock, 0, s));
+  std::vector<void*> live;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (i % 5 == 0 || i % 7 == 3)
+      live.push_back(blocks[i]);
+    else
+      a.deallocate(blocks[i], kBlock, 0, s);
+  }
+  sim().complete_all();
+  a.trim();
+  std::set<std::uintptr_t> granules;  // under a live block
+  for (void* p : live)
+    for (std::uintptr_t g = dptr(p) / kGranule; g <= (dptr(p) + kBlock - 1) / kGranule; ++g)
+      granules.insert(g);
+  EXPECT_EQ(a.device_stats(0).reserved_bytes, granules.size() * kGranule);
+  EXPECT_EQ(sim().physical_used(0), granules.size() * kGranule);
+  EXPECT_TRUE(invariants());
+  // The blocks left are usable and whole: written across their length.
+  for (void* p : live)
+    EXPECT_TRUE(ok(sim().enqueue_access(0, s, dptr(p), kBlock, AccessKind::write)));
+  sim().complete_all();
+  for (void* p : live) a.deallocate(p, kBlock, 0, s);
+  sim().complete_all();
+  a.trim();
+  EXPECT_EQ(a.device_stats(0).reserved_bytes, 0u);
+  EXPECT_EQ(sim().physical_used(0), 0u);
+  EXPECT_TRUE(invariants());
 }
 
 // ============================================ streams gone, driver trouble ==
