@@ -6,6 +6,7 @@ chosen before CUDA starts, so each run is a fresh interpreter.
     python _workloads.py mempool
     python _workloads.py scratch_peer
     python _workloads.py dist
+    python _workloads.py ddp native|gvm
     python _workloads.py cupy
     python _workloads.py cupy_dead_stream
     python _workloads.py numba
@@ -289,6 +290,70 @@ def dist_run(iterations=60):
     result(ranks=ranks, iterations=iterations)
 
 
+def _ddp_rank(rank, world, port, allocator, steps, out):
+    torch = setup_torch(allocator)  # each rank picks its allocator before CUDA starts
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
+                            world_size=world, device_id=torch.device("cuda", rank))
+    torch.manual_seed(0)  # the same initial weights on every rank
+    model, cfg = gpt2(torch, n_layer=2, n_head=4, n_embd=256, vocab_size=2048, n_positions=256)
+    # PyTorch's defaults: gradient buckets reduced on NCCL's stream while the
+    # backward pass goes on, the buckets' memory kept alive with record_stream
+    # (TORCH_NCCL_AVOID_RECORD_STREAMS is not set).
+    ddp = DistributedDataParallel(model, device_ids=[rank])
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+    rng = random.Random(100 + rank)  # each rank its own batches, the same in every run
+    losses = []
+    for _ in range(steps):
+        batch, seq = rng.choice([2, 4, 8]), rng.choice([64, 128, 256])
+        g = torch.Generator(device="cuda").manual_seed(rng.randrange(1 << 30))
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda", generator=g)
+        loss = ddp(input_ids=ids, labels=ids).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item().hex())
+    torch.cuda.synchronize()
+    # The ranks must hold the same weights after every step: checked at the end.
+    flat = torch.cat([p.detach().float().flatten() for p in model.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    same = all(torch.equal(gathered[0], x) for x in gathered[1:])
+    stats = {}
+    if allocator == "gvm":
+        import gvmalloc
+        s = gvmalloc.device_stats(rank)
+        stats = {"allocations": s["allocations"], "cross_stream_waits": s["cross_stream_waits"]}
+    peak = torch.cuda.max_memory_reserved(rank)  # the native backend answers it too
+    dist.destroy_process_group()
+    with open(os.path.join(out, "rank%d.json" % rank), "w") as f:
+        json.dump({"rank": rank, "losses": losses, "weights_equal": same,
+                   "peak_reserved": peak, **stats}, f)
+
+
+def ddp_run(allocator, steps=16):
+    """DDP training of a small GPT-2 on two ranks with PyTorch's default
+    settings; the per-rank losses, for the test to compare with native's."""
+    import tempfile
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as out:
+        mp.spawn(_ddp_rank, args=(2, port, allocator, int(steps), out), nprocs=2, join=True)
+        ranks = [json.load(open(os.path.join(out, "rank%d.json" % r))) for r in range(2)]
+    for r in ranks:
+        print("ddp %s rank %d: %d steps, last loss %s, weights equal across ranks %s, peak "
+              "reserved %.1f MiB%s" % (allocator, r["rank"], len(r["losses"]), r["losses"][-1],
+                                       r["weights_equal"], r["peak_reserved"] / MiB,
+                                       ", %d gvmalloc allocations, %d cross-stream waits"
+                                       % (r["allocations"], r["cross_stream_waits"])
+                                       if "allocations" in r else ""))
+    result(allocator=allocator, ranks=ranks)
+
+
 def cupy_run(iterations=40):
     import cupy
     import numpy
@@ -458,5 +523,5 @@ def numba_run(iterations=40):
 if __name__ == "__main__":
     mode, rest = sys.argv[1], sys.argv[2:]
     {"train": lambda: train(*rest), "infer": lambda: infer(*rest), "mempool": mempool,
-     "scratch_peer": scratch_peer, "dist": dist_run, "cupy": cupy_run,
+     "scratch_peer": scratch_peer, "dist": dist_run, "ddp": lambda: ddp_run(*rest), "cupy": cupy_run,
      "cupy_dead_stream": cupy_dead_stream, "numba": numba_run}[mode]()

@@ -99,6 +99,20 @@ class Distributed(unittest.TestCase):
             self.assertEqual(rank["checked"], r["iterations"])
             self.assertGreater(rank["allocations"], 0, "rank %d did not use gvmalloc" % rank["rank"])
 
+    @need_gpus(2, transformers=True)
+    def test_ddp_training_with_record_streams_gives_the_native_losses_on_each_rank(self):
+        # PyTorch's default DDP: NCCL keeps gradient buckets alive with
+        # record_stream (TORCH_NCCL_AVOID_RECORD_STREAMS unset), which the
+        # native backend must honour or a bucket is reused under a reduction.
+        env = {"TORCH_NCCL_AVOID_RECORD_STREAMS": "0"}
+        native = _support.run_workload("ddp", "native", env=env)
+        gvm = _support.run_workload("ddp", "gvm", env=env)
+        for n, g in zip(native["ranks"], gvm["ranks"]):
+            self.assertTrue(n["weights_equal"] and g["weights_equal"],
+                            "rank weights differ after training")
+            self.assertEqual(g["losses"], n["losses"], "rank %d: losses differ from native" % g["rank"])
+            self.assertGreater(g["allocations"], 0, "rank %d did not use gvmalloc" % g["rank"])
+
 
 if __name__ == "__main__":
     unittest.main()
