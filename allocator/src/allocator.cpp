@@ -61,6 +61,7 @@ Allocator::Impl::Impl(vmm::Driver& driver, Config config)
     : driver_(driver),
       config_(std::move(config)),
       caps_(vmm::read_all_device_caps(driver_)),
+      device_count_(caps_.size()),
       registries_(make_registries(caps_.size())),
       tracker_(driver_, raw(registries_), config_.fence_enabled),
       devices_(caps_.size()),
@@ -84,6 +85,13 @@ void Allocator::Impl::throw_no_such_device(int device, const char* what) const {
   throw usage_error(std::string("gvmalloc: ") + what + ": device " + std::to_string(device) +
                     " does not exist (" + std::to_string(caps_.size()) + " device" +
                     (caps_.size() == 1 ? "" : "s") + ")");
+}
+
+void Allocator::Impl::throw_more_than_device(std::size_t bytes, int device) const {
+  const vmm::DeviceCaps& caps = caps_[static_cast<std::size_t>(device)];
+  throw out_of_memory("gvmalloc: out of memory on device " + std::to_string(device) + " (" +
+                      caps.name + "): tried to allocate " + detail::format_bytes(bytes) +
+                      ", more than the device's " + detail::format_bytes(caps.total_memory));
 }
 
 detail::DeviceHeap& Allocator::Impl::device(int d) {
@@ -182,13 +190,10 @@ void* Allocator::allocate(std::size_t bytes, int device, vmm::StreamHandle strea
   // One compare for both: 0 wraps around to the largest size.
   if (bytes - 1 >= detail::kAbsurdBytes) [[unlikely]]
     check_size(bytes, device, "allocate");
-  const vmm::DeviceCaps& caps = im.caps_[static_cast<std::size_t>(device)];
-  if (bytes > caps.total_memory) [[unlikely]]
-    throw out_of_memory("gvmalloc: out of memory on device " + std::to_string(device) + " (" +
-                        caps.name + "): tried to allocate " + detail::format_bytes(bytes) +
-                        ", more than the device's " + detail::format_bytes(caps.total_memory));
+  im.check_fits_device(bytes, device);
   detail::Heap& h = im.heap(device, stream);
-  if (bytes <= h.small_max()) return h.allocate_small(bytes);
+  if (bytes <= h.small_max()) [[likely]]
+    return h.allocate_small(bytes);
   return h.allocate_large(bytes, *h.stream());
 }
 
@@ -207,11 +212,7 @@ void* Allocator::allocate(std::size_t bytes, int device, vmm::StreamHandle strea
                       " belongs to device " + std::to_string(owner));
   if (h.released())
     throw usage_error("gvmalloc: allocate: pool " + std::to_string(pool) + " was released");
-  const vmm::DeviceCaps& caps = im.caps_[static_cast<std::size_t>(device)];
-  if (bytes > caps.total_memory)
-    throw out_of_memory("gvmalloc: out of memory on device " + std::to_string(device) + " (" +
-                        caps.name + "): tried to allocate " + detail::format_bytes(bytes) +
-                        ", more than the device's " + detail::format_bytes(caps.total_memory));
+  im.check_fits_device(bytes, device);
   return h.allocate_large(bytes, im.stream_state(device, stream));
 }
 
@@ -337,7 +338,7 @@ void Allocator::deallocate(void* ptr, std::size_t bytes, int device, vmm::Stream
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   // The fast path asks the page map which heap holds the address (no lock);
   // the ownership search below only runs to word an error.
-  if (detail::DeviceHeap* d = im.existing(device); d != nullptr && d->deallocate(addr, bytes, stream))
+  if (detail::DeviceHeap* d = im.existing(device); d != nullptr && d->free(addr, bytes, stream))
     return;
   const int owner = im.owner_of(addr);
   if (owner >= 0 && owner != device)

@@ -54,10 +54,17 @@ class Allocator::Impl {
 
   // Inline: one compare on the hot path; the message is built out of line.
   void check_device(int device, const char* what) const {
-    if (static_cast<std::size_t>(static_cast<unsigned>(device)) >= caps_.size()) [[unlikely]]
+    if (static_cast<std::size_t>(static_cast<unsigned>(device)) >= device_count_) [[unlikely]]
       throw_no_such_device(device, what);
   }
   [[noreturn, gnu::cold, gnu::noinline]] void throw_no_such_device(int device, const char* what) const;
+  // Inline: one compare; the message is built out of line.
+  void check_fits_device(std::size_t bytes, int device) const {
+    if (bytes > caps_[static_cast<std::size_t>(device)].total_memory) [[unlikely]]
+      throw_more_than_device(bytes, device);
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] void throw_more_than_device(std::size_t bytes,
+                                                                     int device) const;
 
   detail::DeviceHeap& device(int d);
   detail::DeviceHeap* existing(int d) const {
@@ -94,6 +101,7 @@ class Allocator::Impl {
   vmm::CountingDriver driver_;
   Config config_;
   std::vector<vmm::DeviceCaps> caps_;
+  const std::size_t device_count_;  // caps_.size(), without its division by 120
   std::vector<std::unique_ptr<detail::StreamRegistry>> registries_;
   detail::AccessTracker tracker_;
   std::mutex devices_lock_;

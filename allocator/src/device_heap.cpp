@@ -298,8 +298,7 @@ bool DeviceHeap::defer_free(Heap* h, Span* s, std::uintptr_t addr, std::size_t b
       throw usage_error("gvmalloc: deallocate(" + hex(addr) +
                         "): not a live block (already freed, never allocated, or an interior "
                         "pointer)");
-    if (bytes != kUnknownSize &&
-        (bytes == 0 || bytes > s->slot_size || size_class_of(bytes) != s->size_class))
+    if (!s->fits(bytes))
       throw usage_error("gvmalloc: deallocate(" + hex(addr) + ", " + std::to_string(bytes) +
                         " bytes) on device " + std::to_string(device()) +
                         ": the block was allocated with a size in another class (slot of " +

@@ -105,6 +105,18 @@ class DeviceHeap {
   // a block outside a capturing pool is kept until the capture ends.
   bool deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream,
                   bool own_stream = false, std::size_t* requested = nullptr);
+  // deallocate's hot path, inline: a slot of a span while no capture runs
+  // here goes straight to the span's owner (which checks the rest).
+  bool free(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream) {
+    if (const PageEntry* e = pages_.find(addr); e != nullptr) [[likely]] {
+      Span* s = e->span.load(std::memory_order_acquire);
+      if (s != nullptr && s->contains(addr) && !capturing_here()) [[likely]] {
+        s->owner->free_slot(s, addr, bytes, stream);
+        return true;
+      }
+    }
+    return deallocate(addr, bytes, stream);
+  }
   bool record_stream(std::uintptr_t addr, StreamState& user);
   void note_use(std::uintptr_t addr, StreamState& user);
   // A mapped free granule of another stream's heap for a span of `taker`'s

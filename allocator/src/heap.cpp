@@ -602,21 +602,6 @@ void Heap::give_back_span(Span* s) {
   arena_.give_back(b);
 }
 
-void* Heap::allocate_small(std::size_t bytes) {
-  const int cls = size_class_of(bytes);
-  {
-    std::lock_guard<SpinLock> guard(lock_);
-    const std::uintptr_t p = small_.pop(cls);
-    if (p != 0) [[likely]] {
-      ++allocations_;
-      ++hits_;
-      add_live(static_cast<std::int64_t>(class_size(cls)));
-      return reinterpret_cast<void*>(p);
-    }
-  }
-  return allocate_small_slow(cls, bytes);
-}
-
 void* Heap::allocate_small_slow(int cls, std::size_t bytes) {
   bool cold = false;
   {
@@ -652,36 +637,14 @@ void Heap::throw_bad_slot(Span* s, std::uintptr_t addr, std::size_t bytes, bool 
                     std::to_string(s->slot_size) + " bytes)");
 }
 
-void Heap::free_slot(Span* s, std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream) {
-  StreamState* own = this->stream();
-  if (own != nullptr && stream == own->handle()) [[likely]] {
-    // The hot path: freed on the heap's own stream, nobody recorded on it:
-    // the slot is reusable by this stream at once.
-    Span* unused = nullptr;
-    {
-      std::lock_guard<SpinLock> guard(lock_);
-      const std::uint32_t idx = s->slot_at(addr - s->base);
-      if (idx == s->slots || !s->is_allocated(idx)) [[unlikely]]
-        throw_bad_slot(s, addr, bytes, false);
-      if (bytes != kUnknownSize &&
-          (bytes == 0 || bytes > s->slot_size || size_class_of(bytes) != s->size_class)) [[unlikely]]
-        throw_bad_slot(s, addr, bytes, true);
-      if (!small_.recorded().empty()) [[unlikely]]
-        goto slow;
-      ++frees_;
-      add_live(-static_cast<std::int64_t>(s->slot_size));
-      s->push(idx);
-      unused = small_.pushed(s);
-      if (unused == nullptr) [[likely]]
-        return;
-      give_back_span(unused);
-      if (lent_back_.empty()) return;
-    }
-    drain_lent();
-    return;
+void Heap::span_unused(Span* unused) {
+  bool drain = false;
+  {
+    std::unique_lock<SpinLock> guard(lock_, std::adopt_lock);
+    give_back_span(unused);
+    drain = !lent_back_.empty();
   }
-slow:
-  free_slot_slow(s, addr, bytes, stream);
+  if (drain) drain_lent();
 }
 
 void Heap::free_slot_slow(Span* s, std::uintptr_t addr, std::size_t bytes,
@@ -696,9 +659,7 @@ void Heap::free_slot_slow(Span* s, std::uintptr_t addr, std::size_t bytes,
     std::lock_guard<SpinLock> guard(lock_);
     idx = s->slot_at(addr - s->base);
     if (idx == s->slots || !s->is_allocated(idx)) throw_bad_slot(s, addr, bytes, false);
-    if (bytes != kUnknownSize &&
-        (bytes == 0 || bytes > s->slot_size || size_class_of(bytes) != s->size_class))
-      throw_bad_slot(s, addr, bytes, true);
+    if (!s->fits(bytes)) throw_bad_slot(s, addr, bytes, true);
     ++frees_;
     add_live(-static_cast<std::int64_t>(s->slot_size));
     auto& rec = small_.recorded();

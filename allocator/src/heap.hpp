@@ -59,7 +59,21 @@ class Heap {
   bool backing_on_demand() const noexcept { return arena_.on_demand(); }
 
   // --- blocks -------------------------------------------------------------
-  void* allocate_small(std::size_t bytes);
+  // Inline, with free_slot: the cache-hit pair is the allocator's hottest
+  // path, and a call per layer cost as much as the work (one lock, one pop).
+  void* allocate_small(std::size_t bytes) {
+    const int cls = size_class_of(bytes);
+    {
+      std::lock_guard<SpinLock> guard(lock_);
+      if (const std::uintptr_t p = small_.pop(cls); p != 0) [[likely]] {
+        ++allocations_;
+        ++hits_;
+        add_live(static_cast<std::int64_t>(kClassBytes[static_cast<std::size_t>(cls)]));
+        return reinterpret_cast<void*>(p);
+      }
+    }
+    return allocate_small_slow(cls, bytes);
+  }
   // A block of at least `bytes` ordered on `user`'s stream. Throws
   // out_of_memory, driver_error.
   void* allocate_large(std::size_t bytes, StreamState& user);
@@ -77,7 +91,27 @@ class Heap {
   void* allocate_at(std::uintptr_t addr, std::size_t bytes, StreamState& user);
   // Frees a slot of span s (this heap is its owner). Throws usage_error for
   // a slot that is not live or a size of another class.
-  void free_slot(Span* s, std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream);
+  void free_slot(Span* s, std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream) {
+    const StreamState* own = this->stream();
+    if (own == nullptr || stream != own->handle()) [[unlikely]]
+      return free_slot_slow(s, addr, bytes, stream);
+    // The hot path: freed on the heap's own stream, nobody recorded on it:
+    // the slot is reusable by this stream at once. Anything else (a bad
+    // free included: the slow path words its error) goes the slow way.
+    lock_.lock();
+    const std::uint32_t idx = s->slot_at(addr - s->base);
+    if (idx == s->slots || !s->is_allocated(idx) || !s->fits(bytes) || !small_.recorded().empty())
+        [[unlikely]] {
+      lock_.unlock();
+      return free_slot_slow(s, addr, bytes, stream);
+    }
+    ++frees_;
+    add_live(-static_cast<std::int64_t>(s->slot_size));
+    s->push(idx);
+    if (Span* unused = small_.pushed(s); unused != nullptr) [[unlikely]]
+      return span_unused(unused);  // releases lock_
+    lock_.unlock();
+  }
   // `user` (a stream of this device) also uses the live slot / block at
   // addr. record_large: false if no live large block starts there.
   void record_slot(Span* s, std::uintptr_t addr, StreamState& user);
@@ -160,6 +194,9 @@ class Heap {
   void* allocate_large_once(std::size_t bytes, StreamState& user);
   void* allocate_small_slow(int cls, std::size_t bytes);
   void free_slot_slow(Span* s, std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream);
+  // free_slot left span `unused` without a live slot: it goes back to the
+  // arena. Called with lock_ held; releases it.
+  void span_unused(Span* unused);
   [[noreturn, gnu::cold, gnu::noinline]] void throw_bad_slot(Span* s, std::uintptr_t addr,
                                                              std::size_t bytes, bool live) const;
   Block* grow_for(std::size_t size, std::size_t alignment, StreamState& user, std::size_t requested,

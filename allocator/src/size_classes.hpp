@@ -9,6 +9,7 @@
 // end at the configured small-block maximum (at most 64 MiB).
 #pragma once
 
+#include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -44,6 +45,17 @@ constexpr std::size_t class_size(int c) noexcept {
   return (std::size_t{1} << msb) + (static_cast<std::size_t>(step + 1) << (msb - 2));
 }
 
+// The smallest request of class `c` (the hot free path checks a size with
+// one compare: min_request(c) <= bytes <= class_size(c)).
+constexpr std::size_t min_request(int c) noexcept { return c == 0 ? 1 : class_size(c - 1) + 1; }
+
+// class_size as a table: the allocation hot path reads it with one load.
+inline constexpr auto kClassBytes = [] {
+  std::array<std::size_t, kMaxClasses> t{};
+  for (int c = 0; c < kMaxClasses; ++c) t[static_cast<std::size_t>(c)] = class_size(c);
+  return t;
+}();
+
 // True when every class up to `c` is a multiple of 512 and maps back to itself.
 constexpr bool classes_are_aligned(int upto) noexcept {
   for (int c = 0; c <= upto; ++c)
@@ -62,5 +74,6 @@ static_assert(class_size(size_class_of(2049)) == 2560);
 static_assert(class_size(size_class_of(1024)) == 1024);
 static_assert(class_size(size_class_of(1025)) == 1536);
 static_assert(class_size(size_class_of(std::size_t{1} << 20)) == std::size_t{1} << 20);
+static_assert(min_request(size_class_of(2049)) == 2049 && min_request(0) == 1);
 
 }  // namespace gvm::detail

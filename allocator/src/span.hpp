@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "page_map.hpp"
+#include "size_classes.hpp"
 
 namespace gvm::detail {
 
@@ -18,6 +19,9 @@ class Heap;
 struct Span {
   std::uintptr_t base = 0;
   std::size_t slot_size = 0;
+  // The smallest request of the span's class, so that a free's size is
+  // checked with one unsigned compare (fits).
+  std::size_t min_request = 0;
   // off / slot_size as a multiply and a shift for every off within the
   // granule (exact: off < 2^21, slot_size < 2^21, 42-bit reciprocal): the
   // free path's division costs tens of cycles, the multiply a few.
@@ -39,6 +43,7 @@ struct Span {
   Span(std::uintptr_t b, std::size_t slot, int cls, Heap* own, Block* blk)
       : base(b),
         slot_size(slot),
+        min_request(gvm::detail::min_request(cls)),
         slot_reciprocal(((std::uint64_t{1} << 42) + slot - 1) / slot),
         slots(static_cast<std::uint32_t>(kGranule / slot)),
         free_count(slots),
@@ -58,6 +63,10 @@ struct Span {
   std::uint32_t slot_at(std::uintptr_t off) const noexcept {
     const auto i = static_cast<std::uint32_t>((off * slot_reciprocal) >> 42);
     return static_cast<std::uintptr_t>(i) * slot_size == off && i < slots ? i : slots;
+  }
+  // `bytes` (a free's size; kUnknownSize: not given) names this class.
+  bool fits(std::size_t bytes) const noexcept {
+    return bytes == static_cast<std::size_t>(-1) || bytes - min_request <= slot_size - min_request;
   }
   bool full() const noexcept { return free_count == 0; }
   bool unused() const noexcept { return free_count == slots; }
