@@ -117,18 +117,15 @@ Block* LargeArena::find_fit(std::size_t size, std::size_t alignment, const Strea
     if (b->size < size) return false;
     const std::uintptr_t head = round_up(b->addr, alignment);
     if (head + size > b->end()) return false;
-    Block view;
-    view.size = size;
     if (strict && !b->waits.only(taker)) {
-      view.addr = (b->end() - size) / alignment * alignment;
-      if (view.addr < head || !unmapped(&view)) return false;
-      *where = view.addr;
+      const std::uintptr_t tail = (b->end() - size) / alignment * alignment;
+      if (tail < head || !unmapped(tail, tail + size)) return false;
+      *where = tail;
       return true;
     }
     *where = head;
     if (!mapped_only) return true;
-    view.addr = head;  // the part the taker would get
-    return fully_mapped(&view);
+    return fully_mapped(head, head + size);  // the part the taker would get
   };
   auto own = [&](const Block* b) { return !b->waits.empty() && b->waits.only(taker); };
   auto before = [](const Block* a, const Block* b) {
@@ -347,9 +344,9 @@ bool LargeArena::holds(std::uintptr_t addr) const noexcept {
   return false;
 }
 
-bool LargeArena::unmapped(const Block* b) const {
+bool LargeArena::unmapped(std::uintptr_t addr, std::uintptr_t end) const {
   if (!on_demand_) return false;
-  for (std::uintptr_t g = b->addr & ~(kGranule - 1); g < b->end();) {
+  for (std::uintptr_t g = addr & ~(kGranule - 1); g < end;) {
     const PageEntry* e = pages_.find(g);
     if (e != nullptr && e->chunk != 0) return false;
     g += kGranule;
@@ -357,9 +354,9 @@ bool LargeArena::unmapped(const Block* b) const {
   return true;
 }
 
-bool LargeArena::fully_mapped(const Block* b) const {
+bool LargeArena::fully_mapped(std::uintptr_t addr, std::uintptr_t end) const {
   if (!on_demand_) return true;
-  for (std::uintptr_t g = b->addr & ~(kGranule - 1); g < b->end();) {
+  for (std::uintptr_t g = addr & ~(kGranule - 1); g < end;) {
     const PageEntry* e = pages_.find(g);
     const std::uint32_t c = e == nullptr ? 0 : e->chunk;
     if (c == 0) return false;

@@ -93,8 +93,11 @@ class LargeArena {
   bool holds(std::uintptr_t addr) const noexcept;
 
   // No granule of b is mapped / every granule is.
-  bool unmapped(const Block* b) const;
-  bool fully_mapped(const Block* b) const;
+  bool unmapped(const Block* b) const { return unmapped(b->addr, b->end()); }
+  bool fully_mapped(const Block* b) const { return fully_mapped(b->addr, b->end()); }
+  // The same for [addr, end) (find_fit asks of the part it would carve).
+  bool unmapped(std::uintptr_t addr, std::uintptr_t end) const;
+  bool fully_mapped(std::uintptr_t addr, std::uintptr_t end) const;
   // Runs of unmapped granules under b.
   std::vector<Run> unmapped_runs(const Block* b) const;
   // Counts b on the chunks under it (all mapped) / uncounts it.
