@@ -25,7 +25,8 @@ torch.cuda.max_memory_reserved(), the losses (or generated tokens) compared bit
 for bit with the native run, the cost of an allocate+free pair of a few sizes
 inside the program's process, the allocations per step, a torch.profiler table
 of the busiest operators with the self CPU time of the operators that allocate
-(where the allocator runs), and for gvmalloc its driver calls by entry point.
+(where the allocator runs), the GPU's busy and idle time per profiled step, and
+for gvmalloc its driver calls by entry point.
 Prints two tables (the programs; where the time goes) and writes
 torch-programs.{txt,json} into DIR (default $OUT, else ./torch-programs-out). A
 run that fails is reported and the others go on; exit status 1 if one failed.
@@ -101,6 +102,46 @@ ALLOCATING_OPS = ("aten::empty", "aten::empty_strided", "aten::empty_like", "ate
                   "aten::new_empty_strided", "aten::resize_")
 
 
+def device_intervals(torch, prof):
+    """(start, end) in µs of every activity on the GPU the profiler saw (kernels,
+    copies, sets), from the profiler's events; empty if it recorded none."""
+    from torch.autograd import DeviceType
+    ivs = []
+    for e in prof.events():
+        if getattr(e, "device_type", None) == DeviceType.CUDA:
+            ivs.append((e.time_range.start, e.time_range.end))
+    if not ivs:
+        # Older layouts keep the device activities in the kineto results only.
+        try:
+            for e in prof.profiler.kineto_results.events():
+                if e.device_type() == DeviceType.CUDA:
+                    ivs.append((e.start_ns() / 1e3, (e.start_ns() + e.duration_ns()) / 1e3))
+        except AttributeError:
+            pass
+    return sorted(ivs)
+
+
+def gpu_timeline(ivs, n):
+    """Per step: how long the GPU was busy (the union of its activities), the span
+    from its first activity to its last, and the idle time in between (the GPU
+    waiting for the host: launches, syncs, the allocator's waits)."""
+    if not ivs:
+        return None
+    busy, (cur_s, cur_e) = 0.0, ivs[0]
+    for s, e in ivs[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    span = max(e for _, e in ivs) - ivs[0][0]
+    return {"gpu_busy_ms_per_step": round(busy / 1e3 / n, 3),
+            "gpu_span_ms_per_step": round(span / 1e3 / n, 3),
+            "gpu_idle_ms_per_step": round((span - busy) / 1e3 / n, 3),
+            "gpu_activities_per_step": round(len(ivs) / n, 1)}
+
+
 def profile_table(torch, step, n):
     """The profiler's table of the busiest operators over `n` steps, and per step the
     self CPU time and calls of the operators that allocate device memory, beside the
@@ -116,6 +157,7 @@ def profile_table(torch, step, n):
     table = events.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=48)
     return table, {
         "steps": n,
+        "gpu": gpu_timeline(device_intervals(torch, prof), n),
         "alloc_ops_self_cpu_ms_per_step": round(sum(e.self_cpu_time_total for e in allocating) / 1e3 / n, 3),
         "alloc_ops_calls_per_step": round(sum(e.count for e in allocating) / n, 1),
         "all_ops_self_cpu_ms_per_step": round(total / 1e3 / n, 3),
@@ -334,6 +376,22 @@ def render(runs, seconds):
                 program, r["allocator"], step_ms, r["allocations_per_step"],
                 o["alloc_ops_self_cpu_ms_per_step"], 100.0 * o["alloc_ops_self_cpu_ms_per_step"] / step_ms,
                 o["all_ops_self_cpu_ms_per_step"], r["allocations_per_step"] * pair_4k_us / 1e3))
+    lines += ["", "=== The GPU's side of a step (torch.profiler's device activities over the "
+              "profiled steps): busy = the union of kernels, copies and sets; idle = the gaps "
+              "between the first and the last (the GPU waiting for the host)",
+              "%-9s %-11s %11s %12s %12s %12s %14s" % ("program", "allocator", "step ms", "gpu busy ms",
+                                                      "gpu span ms", "gpu idle ms", "activities")]
+    for program, rs in runs.items():
+        for r in rs:
+            if "error" in r:
+                continue
+            g = r["alloc_ops"].get("gpu")
+            if not g:
+                lines.append("%-9s %-11s (the profiler recorded no device activity)" % (program, r["allocator"]))
+                continue
+            lines.append("%-9s %-11s %11.2f %12.3f %12.3f %12.3f %14.1f" % (
+                program, r["allocator"], r["median_step_s"] * 1e3, g["gpu_busy_ms_per_step"],
+                g["gpu_span_ms_per_step"], g["gpu_idle_ms_per_step"], g["gpu_activities_per_step"]))
     for program, rs in runs.items():
         for r in rs:
             if "error" in r or r["allocator"] not in ("native", "gvm"):

@@ -37,7 +37,10 @@ def fake_result(program, allocator, step_ms, wall_s):
             "alloc_ops": {"steps": 4, "alloc_ops_self_cpu_ms_per_step": 1.5,
                           "alloc_ops_calls_per_step": 500.0, "all_ops_self_cpu_ms_per_step": 30.0,
                           "by_op": {"aten::empty": {"calls": 1600, "self_cpu_ms": 4.0},
-                                    "aten::empty_strided": {"calls": 400, "self_cpu_ms": 2.0}}},
+                                    "aten::empty_strided": {"calls": 400, "self_cpu_ms": 2.0}},
+                          "gpu": None if allocator == "expandable" else
+                          {"gpu_busy_ms_per_step": 80.0, "gpu_span_ms_per_step": step_ms,
+                           "gpu_idle_ms_per_step": step_ms - 80.0, "gpu_activities_per_step": 900.0}},
             "allocations_per_step": 600.0, "backend": "x", "wall_s": wall_s,
             "gvmalloc": {"driver_calls": [{"call": "cuMemMap", "calls": 10, "ms": 1.0}],
                          "device0": {"fences": 0}}}
@@ -80,10 +83,21 @@ def main(path):
         check("=== Where the time goes" in saved, "the second table is in the text file")
         # gvm's row: 90 ms step, 0.900x; 600 allocations a step x 2 us = 1.2 ms; 1.5 ms of 90.
         row = [l for l in saved.splitlines() if l.startswith("gpt2") and " gvm " in l]
-        check(len(row) == 2, "one gpt2 gvm row in each table: %s" % row)
-        if len(row) == 2:
+        check(len(row) == 3, "one gpt2 gvm row in each table: %s" % row)
+        if len(row) == 3:
             check("0.900x" in row[0] and "0.900x" in row[0].split("MiB")[1], "ratios: " + row[0])
             check("600.0" in row[1] and "1.67%" in row[1] and "1.200" in row[1], "time row: " + row[1])
+            # The GPU's side: 80 ms busy in a 90 ms span, 10 ms idle.
+            check(row[2].split()[2:] == ["90.00", "80.000", "90.000", "10.000", "900.0"],
+                  "GPU row: " + row[2])
+        check("=== The GPU's side of a step" in saved, "the GPU table")
+        check("gpt2      expandable  (the profiler recorded no device activity)" in saved,
+              "a run without device activities says so")
+        # The busy time is the union of the activities: [0,10] and [5,12] overlap.
+        g = tp.gpu_timeline([(0.0, 10e3), (5e3, 12e3), (20e3, 30e3)], 2)
+        check(g == {"gpu_busy_ms_per_step": 11.0, "gpu_span_ms_per_step": 15.0,
+                    "gpu_idle_ms_per_step": 4.0, "gpu_activities_per_step": 1.5}, "gpu_timeline: %s" % g)
+        check(tp.gpu_timeline([], 4) is None, "no activities: no figures")
         check("aten::empty 1600 calls 4.0 ms" in saved, "the allocating operators, per operator")
         check("gvmalloc driver calls (all of the run): cuMemMap 10 calls 1.0 ms" in saved,
               "gvmalloc's driver calls")
