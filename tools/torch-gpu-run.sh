@@ -27,7 +27,8 @@
 # starts only if it should end by then), GVM_TORCH_BUILD_S (600), GVM_TORCH_CPU_S
 # (300), GVM_TORCH_INFO_S (120). Each step is also killed 60 s after its budget.
 # GVM_TORCH_CASES / GVM_TORCH_PROGRAMS (comma lists) narrow semantics and
-# programs; GVM_TORCH_CMAKE_ARGS: more configure arguments (build-torch only);
+# programs; GVM_TORCH_ALLOCATORS (a comma list, e.g. gvm,native,expandable,gvm#2)
+# the programs' runs and their order; GVM_TORCH_CMAKE_ARGS: more configure arguments (build-torch only);
 # GVM_TORCH_JOBS: parallel jobs for build and cpu (default: nproc).
 # A step that fails is reported and the rest still run; logs and tables go to
 # $OUT (default ./torch-gpu-out). Exit status 1 if a step failed.
@@ -125,6 +126,7 @@ if want programs; then
   rm -f "$OUT_DIR/torch-programs/torch-programs.txt"
   args=(--out "$OUT_DIR/torch-programs" --deadline "$PROGRAMS_S")
   [ -n "${GVM_TORCH_PROGRAMS:-}" ] && args+=(--programs "$GVM_TORCH_PROGRAMS")
+  [ -n "${GVM_TORCH_ALLOCATORS:-}" ] && args+=(--allocators "$GVM_TORCH_ALLOCATORS")
   step programs "$PROGRAMS_S" "$PYTHON" "$ROOT/bench/torch_programs.py" "${args[@]}"
 fi
 
@@ -134,8 +136,9 @@ fi
   want semantics && [ -f "$OUT_DIR/torch-semantics/torch-semantics.txt" ] &&
     cat "$OUT_DIR/torch-semantics/torch-semantics.txt"
   if want programs && [ -f "$OUT_DIR/torch-programs/torch-programs.txt" ]; then
-    # The two tables; the profiles under them stay in torch-programs.txt.
+    # The three tables; the profiles under them stay in torch-programs.txt.
     sed -n -e '/^=== PyTorch programs/,/^$/p' -e '/^=== Where the time goes/,/^$/p' \
+      -e "/^=== The GPU's side/,/^\$/p" \
       "$OUT_DIR/torch-programs/torch-programs.txt"
     echo "(the profiler's tables of every run: $OUT_DIR/torch-programs/torch-programs.txt)"
   fi
