@@ -3,7 +3,7 @@ expandable segments, and gvmalloc's native backend, side by side in one run
 (docs/pytorch.md, "Programs").
 
     python bench/torch_programs.py [--out DIR] [--programs resnet50,gpt2,llama]
-                                   [--allocators native,expandable,gvm] [--steps N]
+                                   [--allocators native,gvm,expandable] [--steps N]
                                    [--deadline SECONDS]  (a run starts only if it should
                                                           end by then, judged by the
                                                           program's runs before it; the
@@ -16,6 +16,10 @@ Programs (random initialisation, configurations only: nothing is downloaded):
             sequence length varying from step to step (the same schedule for all)
   llama     a Llama-style decoder (transformers LlamaConfig, 16 layers) in bf16,
             greedy generate() of 128 tokens, KV cache growing each token
+
+--allocators also takes gvm-keep (gvmalloc with reserve_slack:-1: no release
+before growth, so no fence or unmap: what the policy's releases cost), and any
+name again with a suffix (gvm#2) for a second run in the same order.
 
 Each program runs once per allocator, each run in a process of its own (the
 allocator is chosen before CUDA starts) with the same seeds; the ResNet-50 run
@@ -50,7 +54,14 @@ ALLOCATORS = {
     "native": {},
     "gvm": {},
     "expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    # gvmalloc without its releases before growth (no fences, no unmaps): what
+    # the fragmentation policy's releases cost a program, apart from the rest.
+    "gvm-keep": {"GVM_CONF": "reserve_slack:-1"},
 }
+
+
+def is_gvm(allocator):
+    return allocator.split("#")[0] in ("gvm", "gvm-keep")
 
 
 def result(**kw):
@@ -61,7 +72,7 @@ def result(**kw):
 
 def setup(allocator):
     import torch
-    if allocator == "gvm":
+    if is_gvm(allocator):
         import gvmalloc.torch
         gvmalloc.torch.enable()
     torch.manual_seed(0)
@@ -188,10 +199,11 @@ def finish(torch, allocator, times, checks, step, profile_steps, allocations, **
     pairs = alloc_pair_us(torch)
     table, alloc_ops = profile_table(torch, step, profile_steps)
     out = dict(allocator=allocator, median_step_s=statistics.median(times), steps=len(times),
+               step_times_s=[round(t, 5) for t in times],
                peak_reserved=peak, checks=checks, alloc_pair_us=pairs, profile=table,
                alloc_ops=alloc_ops, allocations_per_step=round(allocations / max(1, len(times)), 1),
                backend=torch.cuda.get_allocator_backend(), **extra)
-    if allocator == "gvm":
+    if is_gvm(allocator):
         out["gvmalloc"] = gvm_summary()
     result(**out)
 
@@ -394,7 +406,7 @@ def render(runs, seconds):
                 g["gpu_span_ms_per_step"], g["gpu_idle_ms_per_step"], g["gpu_activities_per_step"]))
     for program, rs in runs.items():
         for r in rs:
-            if "error" in r or r["allocator"] not in ("native", "gvm"):
+            if "error" in r or not (r["allocator"] == "native" or is_gvm(r["allocator"])):
                 continue
             lines.append("")
             lines.append("--- %s, %s: torch.profiler, busiest operators by self CPU time" % (program, r["allocator"]))
@@ -402,7 +414,7 @@ def render(runs, seconds):
             lines.append("allocating operators: " + ", ".join(
                 "%s %d calls %.1f ms" % (k, v["calls"], v["self_cpu_ms"])
                 for k, v in sorted(r["alloc_ops"]["by_op"].items())))
-            if r["allocator"] == "gvm":
+            if is_gvm(r["allocator"]) and "gvmalloc" in r:
                 g = r["gvmalloc"]
                 lines.append("gvmalloc driver calls (all of the run): " + ", ".join(
                     "%s %d calls %.1f ms" % (c["call"], c["calls"], c["ms"]) for c in g["driver_calls"][:8]))
@@ -415,7 +427,7 @@ def main(argv):
         PROGRAMS[argv[1]](argv[2], int(argv[3]))
         return 0
     out_dir = os.environ.get("OUT") or "torch-programs-out"
-    programs, allocators, steps, deadline = list(PROGRAMS), list(ALLOCATORS), 16, None
+    programs, allocators, steps, deadline = list(PROGRAMS), ["native", "gvm", "expandable"], 16, None
     args = list(argv)
     while args:
         a = args.pop(0)
