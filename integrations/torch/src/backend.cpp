@@ -58,19 +58,27 @@ std::int64_t as_i64(std::uint64_t v) {
 
 // The free and total memory of `device` (0, 0 if the runtime cannot say: an
 // error is being raised when this is asked, and must stay the error raised).
+// The runtime's own device calls, not c10's CUDAGuard: the guard's destructor
+// asks c10 whether a primary context exists, which in a process without
+// libtorch_cuda (a C++ program on libc10_cuda alone) throws - from a
+// destructor, which terminates the process instead of raising the error.
 std::pair<std::size_t, std::size_t> device_memory(int device) {
-  try {
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-    std::size_t free = 0;
-    std::size_t total = 0;
-    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return {0, 0};
-    }
-    return {free, total};
-  } catch (const c10::Error&) {
+  int before = -1;
+  if (cudaGetDevice(&before) != cudaSuccess) {
+    (void)cudaGetLastError();
     return {0, 0};
   }
+  if (before != device && cudaSetDevice(device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {0, 0};
+  }
+  std::size_t free = 0;
+  std::size_t total = 0;
+  const bool ok = cudaMemGetInfo(&free, &total) == cudaSuccess;
+  if (!ok) (void)cudaGetLastError();
+  if (before != device && cudaSetDevice(before) != cudaSuccess) (void)cudaGetLastError();
+  if (!ok) return {0, 0};
+  return {free, total};
 }
 
 // The PyTorch profiler's memory view (profile_memory=True) learns every
