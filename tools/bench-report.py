@@ -720,7 +720,11 @@ def main():
                        ("driver_version", "NVIDIA driver"), ("cuda_version", "CUDA (driver API)"),
                        ("cpu", "CPU"), ("nproc", "host cores"), ("torch_version", "PyTorch"),
                        ("commit", "commit"), ("command", "command"), ("bench_args", "benchmark flags")):
-        md.append("| %s | %s |" % (label, str(env.get(key, "unknown")).replace("|", "\\|")))
+        value = str(env.get(key, "unknown"))
+        if key == "command":
+            # The results directory is the measuring machine's path: not the reader's.
+            value = " ".join("<results dir>" if w.startswith("/") else w for w in value.split())
+        md.append("| %s | %s |" % (label, value.replace("|", "\\|")))
     md.append("")
     md.append("## Targets")
     md.append("")
