@@ -179,6 +179,10 @@ class DeviceHeap {
   std::int64_t refresh_peak() noexcept;
   std::int64_t live_total() const noexcept;
   std::size_t reserved() const noexcept { return budget_.reserved(); }
+  // A growth of `need` bytes now would set a new peak of reserved bytes.
+  bool growth_raises_peak(std::size_t need) const noexcept {
+    return reserved() + need > budget_.peak();
+  }
   void reset_peaks() noexcept;
   void count_fence() noexcept { fences_.fetch_add(1, std::memory_order_relaxed); }
   void count_cross_stream_waits(std::uint64_t n) noexcept {

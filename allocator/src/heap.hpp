@@ -203,8 +203,9 @@ class Heap {
                   WaitSet* waits);
   void map_under(Block* b, std::vector<std::uint32_t>& counted, std::size_t requested);
   void add_region_for(std::size_t size, std::size_t alignment, std::size_t requested);
-  // A new span of the class (its first slot in *first).
-  Span* new_span(int size_class, std::size_t bytes, std::uintptr_t* first);
+  // A new span of the class (its first slot in *first). may_reclaim: this
+  // heap's unused spans may first go back to the arena (once).
+  Span* new_span(int size_class, std::size_t bytes, std::uintptr_t* first, bool may_reclaim = true);
   Span* borrow_span(int size_class, StreamState& own, std::uintptr_t* first);
   void drain_lent();
   void give_back_span(Span* s);  // lock_ held

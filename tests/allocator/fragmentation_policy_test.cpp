@@ -226,5 +226,37 @@ TEST_F(FragmentationPolicy, EmptySpansAreReclaimedBeforeAReleaseForGrowth) {
   EXPECT_TRUE(invariants());
 }
 
+// A class that needs a span at the peak takes the granule of a span no
+// class uses any more, rather than mapping one more: the growth (one
+// granule, far below the release floor) would have set a new peak.
+TEST_F(FragmentationPolicy, ANewSpanAtThePeakReusesAnUnusedSpansGranule) {
+  Config c;
+  c.span_warmup_allocations = 0;
+  c.max_chunk_bytes = 2 * kMiB;  // a chunk per granule: growth one granule at a time
+  Allocator& a = make(c);
+  void* p = a.allocate(512 * 1024, 0, nullptr);  // a span of its class
+  a.deallocate(p, 512 * 1024, 0, nullptr);       // unused now, still its class's span
+  const std::size_t reserved = stats().reserved_bytes;
+  const std::uint64_t mapped = stats().chunks_mapped;
+  ASSERT_EQ(reserved, 2 * kMiB);
+  ASSERT_EQ(stats().peak_reserved_bytes, reserved);
+  void* q = a.allocate(256 * 1024, 0, nullptr);  // another class: a new span
+  const auto map = a.memory_map(0);
+  ASSERT_NE(block_at(map, q), nullptr);
+  EXPECT_TRUE(block_at(map, q)->small);
+  EXPECT_EQ(stats().reserved_bytes, reserved) << "the unused span's granule was not reused";
+  EXPECT_EQ(stats().chunks_mapped, mapped);
+  EXPECT_EQ(stats().peak_reserved_bytes, reserved);
+  EXPECT_EQ(stats().fences, 0u);
+  EXPECT_TRUE(invariants());
+  // The first class gets a span again (its old one went back): now a growth.
+  void* r = a.allocate(512 * 1024, 0, nullptr);
+  EXPECT_TRUE(block_at(a.memory_map(0), r)->small);
+  EXPECT_EQ(stats().reserved_bytes, 2 * reserved);
+  a.deallocate(q, 256 * 1024, 0, nullptr);
+  a.deallocate(r, 512 * 1024, 0, nullptr);
+  EXPECT_TRUE(invariants());
+}
+
 }  // namespace
 }  // namespace gvm::test
