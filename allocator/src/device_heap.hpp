@@ -179,9 +179,9 @@ class DeviceHeap {
   std::int64_t refresh_peak() noexcept;
   std::int64_t live_total() const noexcept;
   std::size_t reserved() const noexcept { return budget_.reserved(); }
-  // A growth of `need` bytes now would set a new peak of reserved bytes.
+  // GrowthPolicy::raises_peak for a growth of `need` bytes now.
   bool growth_raises_peak(std::size_t need) const noexcept {
-    return reserved() + need > budget_.peak();
+    return GrowthPolicy::raises_peak(need, reserved(), budget_.peak());
   }
   void reset_peaks() noexcept;
   void count_fence() noexcept { fences_.fetch_add(1, std::memory_order_relaxed); }

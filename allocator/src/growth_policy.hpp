@@ -78,6 +78,13 @@ class GrowthPolicy {
   GrowthPlan plan(std::size_t need, std::size_t reserved, std::size_t peak_reserved,
                   std::size_t live_after, std::size_t peak_live, bool arena) const noexcept;
 
+  // A growth of `need` bytes with `reserved` mapped would set a new peak of
+  // reserved bytes: the condition of the release before growth (plan) and
+  // of reusing an unused span's granule first (Heap::new_span).
+  static bool raises_peak(std::size_t need, std::size_t reserved, std::size_t peak_reserved) noexcept {
+    return reserved + need > peak_reserved;
+  }
+
   void set_fraction(double f) noexcept { fraction_override_.store(f, std::memory_order_relaxed); }
   double fraction() const noexcept;
 
