@@ -53,15 +53,18 @@ std::uint64_t AccessTracker::order(const WaitSet& waits, StreamState& consumer) 
   std::uint64_t sync_mask = waits.overflow_devices();
   for (int i = 0; i < waits.size(); ++i) {
     const Token& t = waits[i];
-    if (t.stream == &consumer) continue;
+    if (t.stream == &consumer || consumer.waited_past(t)) continue;
     Via via;
     {
       std::lock_guard<std::mutex> guard(t.stream->lock());
       via = cover(t);
-      if (via == Via::event &&
-          driver_.stream_wait_event(consumer.device(), consumer.handle(), t.stream->event().get()) !=
-              vmm::Result::success)
-        via = Via::device_sync;
+      if (via == Via::event) {
+        if (driver_.stream_wait_event(consumer.device(), consumer.handle(),
+                                      t.stream->event().get()) == vmm::Result::success)
+          consumer.note_waited(t.stream, t.stream->recorded());
+        else
+          via = Via::device_sync;
+      }
     }
     // Which device a failing or retired stream's work runs on is not sure (a
     // stream named without its device, a handle the driver refused): every

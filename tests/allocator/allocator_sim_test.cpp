@@ -278,6 +278,39 @@ INSTANTIATE_TEST_SUITE_P(Sim, StreamOrder, ::testing::ValuesIn(order_cases()),
                            return order_name(i.param);
                          });
 
+// Blocks one stream freed together carry one token. The stream that then
+// takes them one by one (here: stolen from the first stream's heap) waits for
+// it once: the first cuStreamWaitEvent orders it after all of them. No race
+// on the simulator, and one wait, not one per block.
+TEST_F(SimAllocatorTest, BlocksFreedTogetherCostTheirTakerOneStreamWait) {
+  Allocator& a = make(tiny());
+  const StreamHandle s = new_stream(), t = new_stream();
+  constexpr std::size_t n = 3 * kMiB;
+  std::set<void*> freed;
+  std::vector<void*> blocks;
+  for (int i = 0; i < 4; ++i) {
+    blocks.push_back(a.allocate(n, 0, s));
+    ASSERT_TRUE(ok(sim().enqueue_access(0, s, dptr(blocks.back()), n, AccessKind::write)));
+  }
+  for (void* p : blocks) {
+    a.deallocate(p, n, 0, s);
+    freed.insert(p);
+  }
+  const std::size_t wait = static_cast<std::size_t>(Call::stream_wait_event);
+  const std::uint64_t waits_before = a.stats().driver.calls[wait];
+  std::vector<void*> taken;
+  for (int i = 0; i < 4; ++i) {
+    taken.push_back(a.allocate(n, 0, t));
+    ASSERT_EQ(freed.count(taken.back()), 1u)
+        << "the test expects the other stream's freed blocks to be handed to t";
+    ASSERT_TRUE(ok(sim().enqueue_access(0, t, dptr(taken.back()), n, AccessKind::write)));
+  }
+  EXPECT_EQ(sim().race_count(), 0u) << first_race(sim());
+  EXPECT_EQ(a.stats().driver.calls[wait] - waits_before, 1u);
+  for (void* p : taken) a.deallocate(p, n, 0, t);
+  EXPECT_TRUE(invariants());
+}
+
 // =================================================================== fence ==
 
 // Each scenario leaves a write pending on a cached chunk and then makes the
