@@ -84,6 +84,20 @@ void AccessTracker::cover_now(const WaitSet& waits) {
   }
 }
 
+std::size_t AccessTracker::poll(int device) {
+  if (capturing()) return 0;
+  std::size_t moved = 0;
+  for (StreamState* s : registry(device).live()) {
+    std::lock_guard<std::mutex> guard(s->lock());
+    const std::uint64_t n = s->recorded();
+    if (s->event().empty() || n <= s->done()) continue;
+    if (driver_.event_query(s->event().get()) != vmm::Result::success) continue;  // not_ready
+    s->note_done(n);
+    ++moved;
+  }
+  return moved;
+}
+
 void AccessTracker::fence(const WaitSet& waits) {
   if (!fence_enabled_ || waits.empty()) return;
   fences_.fetch_add(1, std::memory_order_relaxed);
@@ -94,8 +108,12 @@ void AccessTracker::fence(const WaitSet& waits) {
     {
       std::lock_guard<std::mutex> guard(t.stream->lock());
       via = cover(t);
-      if (via == Via::event && t.stream->event().synchronize() != vmm::Result::success)
-        via = Via::device_sync;
+      if (via == Via::event) {
+        if (t.stream->event().synchronize() == vmm::Result::success)
+          t.stream->note_done(t.stream->recorded());
+        else
+          via = Via::device_sync;
+      }
     }
     if (via == Via::device_sync) sync_mask = ~std::uint64_t{0};
   }

@@ -44,6 +44,12 @@ class AccessTracker {
   // Records now, on every live stream in `waits`, an event that covers its
   // token (record_stream's event at free time). Never waits.
   void cover_now(const WaitSet& waits);
+  // Asks the driver which of `device`'s live streams have finished the work
+  // their event covers (cuEventQuery, never a wait), so that free memory
+  // their tokens kept apart can merge (stream_state.hpp, "Work known
+  // finished"). Returns how many streams' finished work moved on. Not
+  // during a capture (a query is one of the calls it forbids).
+  std::size_t poll(int device);
   // Synchronises each device in the mask (bit d), fence or not: the
   // fallback, teardown, and what a fence without tracking must do.
   void sync_devices(std::uint64_t mask);

@@ -147,7 +147,19 @@ void* Heap::allocate_large(std::size_t bytes, StreamState& user) {
   }
 }
 
-void* Heap::allocate_large_once(std::size_t bytes, StreamState& user) {
+bool Heap::learn_finished() {
+  if (device_.capturing()) return false;
+  {
+    std::lock_guard<SpinLock> guard(lock_);
+    if (!arena_.has_stuck()) return false;
+  }
+  if (device_.tracker().poll(device()) == 0) return false;
+  std::lock_guard<SpinLock> guard(lock_);
+  arena_.recheck_stuck();
+  return true;
+}
+
+void* Heap::allocate_large_once(std::size_t bytes, StreamState& user, bool first_try) {
   const std::size_t size = round_up(bytes, kBlockAlignment);
   Block* b = nullptr;
   WaitSet waits;  // what the memory's last users left for `user` to wait for
@@ -200,6 +212,12 @@ void* Heap::allocate_large_once(std::size_t bytes, StreamState& user) {
     b->waits = waits;
     arena_.give_back(b);
   };
+  if (!mapped && first_try && learn_finished()) {
+    // Free memory that streams' tokens kept in pieces may merge now that
+    // their work is known finished: once more before growing.
+    undo();
+    return allocate_large_once(bytes, user, false);
+  }
   if (!mapped) {
     // Before growing: mapped free memory of another stream's heap.
     try {
@@ -435,7 +453,7 @@ bool Heap::holds(std::uintptr_t addr) const {
 
 // ------------------------------------------------------------ small path --
 
-Span* Heap::new_span(int size_class, std::size_t bytes, std::uintptr_t* first, bool may_reclaim) {
+Span* Heap::new_span(int size_class, std::size_t bytes, std::uintptr_t* first, bool first_try) {
   // A granule from this heap's own arena - or lent by another stream's heap
   // that has one mapped and free, before this one grows - ordered on this
   // heap's stream; `bytes` (the request) is what an out-of-memory message names.
@@ -478,7 +496,13 @@ Span* Heap::new_span(int size_class, std::size_t bytes, std::uintptr_t* first, b
   // growth costs no peak memory, and a class whose span went back must make
   // a new one (BERT's trace: 1.102 -> 1.091 reserved per live byte, the other
   // traces unchanged; docs/design-notes.md, "Fragmentation").
-  if (!mapped && may_reclaim && device_.growth_raises_peak(kGranule) && reclaim_spans() != 0) {
+  if (!mapped && first_try && device_.growth_raises_peak(kGranule) && reclaim_spans() != 0) {
+    give_back();
+    return new_span(size_class, bytes, first, false);
+  }
+  // As for large blocks: free pieces kept apart by work now known finished
+  // merge, and a granule may be among them.
+  if (!mapped && first_try && learn_finished()) {
     give_back();
     return new_span(size_class, bytes, first, false);
   }

@@ -191,7 +191,13 @@ class Heap {
 
  private:
   void* finish_large(Block* b, StreamState& user, std::size_t bytes, bool hit);
-  void* allocate_large_once(std::size_t bytes, StreamState& user);
+  // first_try: before growing it may learn which streams' work finished and
+  // take again (once).
+  void* allocate_large_once(std::size_t bytes, StreamState& user, bool first_try = true);
+  // Before a growth: if free neighbours are kept apart by tokens, asks the
+  // driver which streams' work finished (AccessTracker::poll, lock_
+  // released) and, if any did, lets the arena merge them. True: take again.
+  bool learn_finished();
   void* allocate_small_slow(int cls, std::size_t bytes);
   void free_slot_slow(Span* s, std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream);
   // free_slot left span `unused` without a live slot: it goes back to the
@@ -203,9 +209,10 @@ class Heap {
                   WaitSet* waits);
   void map_under(Block* b, std::vector<std::uint32_t>& counted, std::size_t requested);
   void add_region_for(std::size_t size, std::size_t alignment, std::size_t requested);
-  // A new span of the class (its first slot in *first). may_reclaim: this
-  // heap's unused spans may first go back to the arena (once).
-  Span* new_span(int size_class, std::size_t bytes, std::uintptr_t* first, bool may_reclaim = true);
+  // A new span of the class (its first slot in *first). first_try: before
+  // growing, this heap's unused spans may go back to the arena, or finished
+  // work be learnt (learn_finished), and the span taken again (once).
+  Span* new_span(int size_class, std::size_t bytes, std::uintptr_t* first, bool first_try = true);
   Span* borrow_span(int size_class, StreamState& own, std::uintptr_t* first);
   void drain_lent();
   void give_back_span(Span* s);  // lock_ held

@@ -77,6 +77,14 @@ class LargeArena {
   // with b->waits as the work a taker must wait for, merged with free
   // neighbours where mergeable.
   void give_back(Block* b);
+  // Free neighbours kept apart by work not known finished: the heap asks
+  // the driver what finished (outside its lock) before it grows, then
+  // recheck_stuck() lets the next take merge them.
+  bool has_stuck() const noexcept { return stuck_pairs_ != 0; }
+  void recheck_stuck() noexcept {
+    split_pairs_ += stuck_pairs_;
+    stuck_pairs_ = 0;
+  }
   // The largest free block's size, mapped bytes only (cacheInfo).
   std::size_t largest_mapped_free() const;
   // The longest run of mapped bytes in free block b.
@@ -186,6 +194,12 @@ class LargeArena {
                   bool mapped_only, bool strict, std::uintptr_t* at);
   Block* split_to(Block* b, std::uintptr_t at, std::size_t size);
   Block* split_after(Block* x, std::size_t keep);
+  // Merges b's free next neighbour into b (b's own bin entry is the caller's).
+  void absorb_next(Block* b);
+  // Merges every pair of free neighbours that give_back left apart because
+  // different streams used them (a wait set that would overflow excepted).
+  // Returns how many merges it made.
+  std::size_t merge_split_pairs();
   void insert_free(Block* b) { free_.insert(b); }
   void erase_free(Block* b) { free_.erase(b); }
   Region& new_region(std::uintptr_t base, std::size_t size);
@@ -201,6 +215,11 @@ class LargeArena {
   BlockPool blocks_;
   std::vector<std::unique_ptr<Region>> regions_;
   FreeBins free_;
+  // Pairs of free neighbours give_back left apart since the last
+  // merge_split_pairs (a hint: some may have merged since), and those that
+  // walk could not merge either.
+  std::size_t split_pairs_ = 0;
+  std::size_t stuck_pairs_ = 0;
   std::vector<ChunkRec> chunks_;
   std::vector<std::uint32_t> free_chunk_slots_;
   std::size_t mapped_ = 0;

@@ -16,6 +16,14 @@ StreamState& StreamRegistry::get(vmm::StreamHandle handle) {
   return *s;
 }
 
+std::vector<StreamState*> StreamRegistry::live() const {
+  std::lock_guard<std::mutex> guard(mu_);
+  std::vector<StreamState*> out;
+  out.reserve(live_.size());
+  for (const auto& [handle, s] : live_) out.push_back(s);
+  return out;
+}
+
 bool StreamRegistry::retire(vmm::StreamHandle handle) {
   std::lock_guard<std::mutex> guard(mu_);
   auto it = live_.find(handle);

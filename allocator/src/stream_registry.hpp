@@ -29,6 +29,8 @@ class StreamRegistry {
   // The live state of `handle`; made on first use (a retired handle's next
   // use makes a new one).
   StreamState& get(vmm::StreamHandle handle);
+  // The live states now (a copy: the caller may call the driver on them).
+  std::vector<StreamState*> live() const;
   // Retires the live state of `handle`; false if there is none.
   bool retire(vmm::StreamHandle handle);
   // A synchronisation of the whole device has completed: every state

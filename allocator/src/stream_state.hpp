@@ -23,6 +23,12 @@
 // per block (half of all waits with 16 threads stealing from each other,
 // on the simulated H200). Each stream keeps, for a few producers, the
 // number of the record it last waited on (waited_past, note_waited).
+//
+// Work known finished. `done_` is the highest record number whose event was
+// seen complete (a fence's event sync, or a query before a growth:
+// AccessTracker::poll); a token it covers names finished work and needs no
+// wait at all, so free memory that carried it merges with any neighbour
+// (large_arena.cpp, merge_split_pairs).
 #pragma once
 
 #include <array>
@@ -74,6 +80,19 @@ class StreamState {
   std::uint64_t begin_record() noexcept { return started_.fetch_add(1, std::memory_order_acq_rel) + 1; }
   void end_record(std::uint64_t number) noexcept { recorded_ = number; }
 
+  // t's work is finished: the stream is complete, or a record after t was
+  // seen complete. Lock-free.
+  bool finished(const Token& t) const noexcept {
+    return complete() || done_.load(std::memory_order_acquire) > t.epoch;
+  }
+  // The event holding record `number` was seen complete.
+  void note_done(std::uint64_t number) noexcept {
+    std::uint64_t d = done_.load(std::memory_order_relaxed);
+    while (number > d && !done_.compare_exchange_weak(d, number, std::memory_order_acq_rel)) {
+    }
+  }
+  std::uint64_t done() const noexcept { return done_.load(std::memory_order_acquire); }
+
   // This stream is ordered after t's work already: it waited on an event of
   // t.stream whose record covers t (see "Waits already made" above).
   bool waited_past(const Token& t) const noexcept {
@@ -109,6 +128,7 @@ class StreamState {
   std::atomic<std::uint64_t> started_{0};
   std::atomic<bool> retired_{false};
   std::atomic<bool> complete_{false};
+  std::atomic<std::uint64_t> done_{0};  // records up to this one are finished
   mutable std::mutex mu_;
   vmm::Event event_;            // recorded on this stream only, re-recorded at will
   std::uint64_t recorded_ = 0;  // number of the record the event holds (0: none)

@@ -67,13 +67,16 @@ class WaitSet {
   StreamState* sole_stream() const noexcept {
     return count_ == 1 && overflow_devices_ == 0 ? tokens_[0].stream : nullptr;
   }
-  // Drops tokens of streams known complete (retired, then a device sync).
-  void drop_complete() noexcept {
+  // Drops the tokens whose work is known finished (StreamState::finished).
+  // Returns whether any went.
+  bool drop_finished() noexcept {
     int k = 0;
     for (int i = 0; i < count_; ++i)
-      if (!tokens_[static_cast<std::size_t>(i)].stream->complete())
-        tokens_[static_cast<std::size_t>(k++)] = tokens_[static_cast<std::size_t>(i)];
+      if (const Token& t = tokens_[static_cast<std::size_t>(i)]; !t.stream->finished(t))
+        tokens_[static_cast<std::size_t>(k++)] = t;
+    const bool dropped = k != count_;
     count_ = k;
+    return dropped;
   }
 
   // Free neighbours merge only when the result asks no stream to wait for
