@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,6 +54,9 @@ class Backend {
   // was made; nullopt where the allocator does not say (cudaMalloc).
   virtual std::optional<std::size_t> reserved_bytes() = 0;
   virtual std::optional<std::size_t> peak_reserved_bytes() = 0;
+  // Driver calls the allocator has made since it was made (gvmalloc counts
+  // its own); nullopt for the others, whose calls are inside the runtime.
+  virtual std::optional<std::uint64_t> driver_calls() { return std::nullopt; }
 };
 
 class BackendHost {

@@ -34,6 +34,9 @@ class GvmBackend final : public Backend {
   std::optional<std::size_t> peak_reserved_bytes() override {
     return allocator_.device_stats(kDevice).peak_reserved_bytes;
   }
+  std::optional<std::uint64_t> driver_calls() override {
+    return allocator_.stats().driver.total_calls();
+  }
 
  private:
   Allocator allocator_;

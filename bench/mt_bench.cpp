@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -203,7 +204,13 @@ void bm_threads(benchmark::State& state, BackendKind kind) {
     }
     return;
   }
+  // Driver calls in the timed loop (gvmalloc: stream waits and event records
+  // when heaps hand memory to each other), per million operations: read by
+  // thread 0 at its first iteration, when every thread is past its warm-up
+  // (the loop's start is a barrier), and after its last.
+  std::optional<std::uint64_t> calls_before;
   for (auto _ : state) {
+    if (state.thread_index() == 0 && step == 0 && !calls_before) calls_before = ctx->backend->driver_calls();
     const std::uint32_t s = plan.slot[step];
     try {
       ctx->deallocate(ptrs[s], sizes[s]);
@@ -217,6 +224,13 @@ void bm_threads(benchmark::State& state, BackendKind kind) {
     if (++step == kSteps) step = 0;
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(2 * state.iterations()));  // operations
+  if (calls_before && state.iterations() > 0) {
+    if (const auto after = ctx->backend->driver_calls()) {
+      const double ops = 2.0 * static_cast<double>(state.iterations()) * state.threads();
+      state.counters["driver_calls_per_Mop"] =
+          static_cast<double>(*after - *calls_before) * 1e6 / ops;
+    }
+  }
   release_all(*ctx, ptrs, sizes);
 }
 
