@@ -11,7 +11,7 @@ AccessTracker::AccessTracker(vmm::Driver& driver, std::vector<StreamRegistry*> r
 
 AccessTracker::Via AccessTracker::cover(const Token& t) {
   StreamState& s = *t.stream;
-  if (s.complete()) return Via::nothing;
+  if (s.finished(t)) return Via::nothing;  // complete, or a later record was seen done
   if (!s.event().empty() && s.recorded() > t.epoch) return Via::event;
   if (s.retired()) return Via::device_sync;
   if (s.event().empty()) {

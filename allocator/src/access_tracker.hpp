@@ -8,8 +8,10 @@
 //   fence(waits)            a host wait: returns when it is complete (before
 //                           an access change, an unmap, a peer-access toggle).
 //
-// For a token of stream S: nothing if S is the consumer or S is complete;
-// else S's event, if a record of it began after the token (it covers the
+// For a token of stream S: nothing if S is the consumer, if the token's work
+// is known finished (S complete, or a later record of S seen done) or, for
+// order(), if the consumer already waited on a record that covers it
+// (stream_state.hpp); else S's event, if a record of it began after the token (it covers the
 // token); else a new record on S, if S is live (its handle may be used, see
 // stream_state.hpp); else - S retired with work of unknown extent - a
 // synchronisation of S's device, after which every state retired before it
