@@ -137,7 +137,9 @@ void* Heap::finish_large(Block* b, StreamState& user, std::size_t bytes, bool hi
   return reinterpret_cast<void*>(b->addr);
 }
 
-void* Heap::allocate_large(std::size_t bytes, StreamState& user) {
+void Heap::device_release_above_threshold() noexcept { device_.maybe_release_above_threshold(); }
+
+void* Heap::allocate_large_slow(std::size_t bytes, StreamState& user) {
   try {
     return allocate_large_once(bytes, user);
   } catch (const OomAfterReclaim&) {
@@ -278,8 +280,8 @@ void* Heap::steal(std::size_t size, std::size_t bytes, StreamState& taker) {
   return reinterpret_cast<void*>(b->addr);
 }
 
-bool Heap::deallocate_large(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream,
-                            bool own_stream, std::size_t* requested) {
+bool Heap::deallocate_large_slow(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream,
+                                 bool own_stream, std::size_t* requested) {
   // The freeing stream's state, when it is not the block's own stream (rare:
   // looked up before taking the lock, which is a leaf).
   StreamState* own = this->stream();
@@ -297,15 +299,14 @@ bool Heap::deallocate_large(std::uintptr_t addr, std::size_t bytes, vmm::StreamH
                         " bytes) on device " + std::to_string(device()) +
                         ": the block was allocated with " + std::to_string(b->requested) + " bytes");
     if (requested != nullptr) *requested = b->requested;
-    arena_.unlink_start(b);
-    arena_.uncommit(b);
+    arena_.uncommit(b);  // it stays linked at its start while its merge is deferred
     StreamState* also = freer != nullptr && freer != b->stream ? freer : nullptr;
     had_users = !b->waits.empty();
     if (had_users) users = b->waits;
     b->waits = tokens_now(b, also);
     ++frees_;
     add_live(-static_cast<std::int64_t>(b->size));
-    arena_.give_back(b);
+    arena_.give_back_deferred(b);
   }
   if (had_users && !device_.capturing()) {
     // record_stream's promise, as PyTorch's allocator keeps it: an event on
@@ -764,6 +765,7 @@ std::size_t Heap::release_cached(std::size_t want, bool all) {
   WaitSet waits;
   {
     std::lock_guard<SpinLock> guard(lock_);
+    arena_.settle();  // the walks below carve merged free blocks only
     // Which chunks go: the largest first until `want` is met. Then they are
     // begun in address order (one walk of the region), and dropped and
     // ended in the order chosen.

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "gvm/allocator.hpp"
 #include "gvm/memory_map.hpp"
 #include "gvm/stats.hpp"
 #include "large_arena.hpp"
@@ -75,15 +76,56 @@ class Heap {
     return allocate_small_slow(cls, bytes);
   }
   // A block of at least `bytes` ordered on `user`'s stream. Throws
-  // out_of_memory, driver_error.
-  void* allocate_large(std::size_t bytes, StreamState& user);
+  // out_of_memory, driver_error. Inline, with deallocate_large, for the
+  // pair of a caching allocator: the block its stream freed last, at
+  // exactly this size, where the arena's best fit would put it anyway
+  // (LargeArena::reuse_deferred), with no search, split or merge.
+  void* allocate_large(std::size_t bytes, StreamState& user) {
+    const std::size_t size = (bytes + gvm::kBlockAlignment - 1) & ~(gvm::kBlockAlignment - 1);
+    {
+      std::lock_guard<SpinLock> guard(lock_);
+      if (Block* b = arena_.reuse_deferred(size, &user); b != nullptr) [[likely]] {
+        arena_.commit(b);
+        b->stream = &user;
+        b->requested = bytes;
+        b->waits.clear();
+        ++allocations_;
+        ++hits_;
+        add_live(static_cast<std::int64_t>(size));
+        return reinterpret_cast<void*>(b->addr);
+      }
+    }
+    return allocate_large_slow(bytes, user);
+  }
   // Frees the live large block starting at addr and returns true; returns
   // false, changing nothing, when none of this heap starts there. Throws
   // usage_error (nothing changed) for a size that does not match.
   // `*requested`: what the block was allocated with.
   // own_stream: on the block's allocation stream (`stream` unused).
   bool deallocate_large(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream,
-                        bool own_stream, std::size_t* requested);
+                        bool own_stream, std::size_t* requested) {
+    // The hot path: a block of this stream's heap freed on that stream,
+    // used by no other: its only token is the stream's own.
+    StreamState* own = this->stream();
+    if (own != nullptr && (own_stream || stream == own->handle())) [[likely]] {
+      lock_.lock();
+      Block* b = arena_.find_start(addr);
+      if (b != nullptr && b->stream == own && b->waits.empty() &&
+          (bytes == kUnknownSize || bytes == b->requested)) [[likely]] {
+        if (requested != nullptr) *requested = b->requested;
+        arena_.uncommit(b);
+        b->waits.add(Token{own, own->epoch()});
+        ++frees_;
+        add_live(-static_cast<std::int64_t>(b->size));
+        arena_.give_back_deferred(b);
+        lock_.unlock();
+        device_release_above_threshold();
+        return true;
+      }
+      lock_.unlock();
+    }
+    return deallocate_large_slow(addr, bytes, stream, own_stream, requested);
+  }
   // The live block at addr, for a free deferred during a capture: its
   // requested size, or false if there is none (nothing changes).
   bool live_large(std::uintptr_t addr, std::size_t* requested) const;
@@ -191,6 +233,12 @@ class Heap {
 
  private:
   void* finish_large(Block* b, StreamState& user, std::size_t bytes, bool hit);
+  void* allocate_large_slow(std::size_t bytes, StreamState& user);
+  bool deallocate_large_slow(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream,
+                             bool own_stream, std::size_t* requested);
+  // DeviceHeap::maybe_release_above_threshold (device_heap.hpp is not
+  // included here).
+  void device_release_above_threshold() noexcept;
   // first_try: before growing it may learn which streams' work finished and
   // take again (once).
   void* allocate_large_once(std::size_t bytes, StreamState& user, bool first_try = true);

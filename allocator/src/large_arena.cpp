@@ -91,6 +91,7 @@ void LargeArena::remove_region(Region* r) {
 
 std::size_t LargeArena::drop_unused_regions() {
   if (!on_demand_) return 0;
+  settle();
   std::size_t dropped = 0;
   for (std::size_t i = regions_.size(); i-- > 1;) {
     Region* r = regions_[i].get();
@@ -203,6 +204,7 @@ Block* LargeArena::split_to(Block* b, std::uintptr_t at, std::size_t size) {
 }
 
 Block* LargeArena::take_at(std::uintptr_t addr, std::size_t size) {
+  settle();
   for (const auto& r : regions_) {
     if (addr - r->base >= r->size) continue;
     for (Block* b = r->first; b != nullptr; b = b->next) {
@@ -224,6 +226,7 @@ Block* LargeArena::take_at(std::uintptr_t addr, std::size_t size) {
 
 Block* LargeArena::take(std::size_t size, std::size_t alignment, const StreamState* taker,
                         bool mapped_only, bool strict) {
+  settle();
   std::uintptr_t at = 0;
   Block* b = find_fit(size, alignment, taker, mapped_only, strict, &at);
   // Nothing mapped fits, and free neighbours were left apart because
@@ -248,6 +251,9 @@ Block* LargeArena::take(std::size_t size, std::size_t alignment, const StreamSta
 }
 
 void LargeArena::give_back(Block* b) {
+  // A neighbour that is the deferred block merges first: absorbed here, it
+  // would leave its other neighbour apart.
+  if (deferred_ != nullptr && (b->prev == deferred_ || b->next == deferred_)) settle();
   b->free = true;
   b->releasing = false;
   b->pending = false;
@@ -269,6 +275,44 @@ void LargeArena::give_back(Block* b) {
     }
   }
   insert_free(b);
+}
+
+bool LargeArena::deferred_is_best_fit(std::size_t size, const StreamState* taker) {
+  // Merged with its free neighbours into M, the deferred block d would make
+  // best fit pick M and carve this take at M's head - d's address - leaving
+  // d's old neighbour as it was, when: d is this size and names only the
+  // taker's work (M is the taker's own, found first in its bin), its
+  // predecessor does not merge with it (M starts at d), and no other free
+  // block lies in a bin from this size's up to M's (best fit would take it).
+  // The result is then the eager path's, block for block: the trace
+  // replays' figures do not move.
+  const Block* d = deferred_;
+  if (d->size != size || d->waits.sole_stream() != taker) return false;
+  if (const Block* p = d->prev; p != nullptr && p->free && mergeable(p->waits, d->waits)) return false;
+  const Block* n = d->next;
+  if (n != nullptr && !(n->free && mergeable(d->waits, n->waits))) n = nullptr;
+  const int merged_bin = FreeBins::bin_of(size + (n != nullptr ? n->size : 0));
+  for (int bin = free_.next_bin(FreeBins::bin_of(size)); bin < merged_bin;
+       bin = free_.next_bin(bin + 1)) {
+    const Block* h = free_.head(bin);
+    if ((h != d && h != n) || h->bin_next != nullptr) return false;
+  }
+  fit_block_ = d;
+  fit_changes_ = free_changes_;
+  fit_size_ = size;
+  fit_taker_ = taker;
+  return true;
+}
+
+void LargeArena::give_back_deferred(Block* b) {
+  settle();
+  b->free = true;
+  b->releasing = false;
+  b->pending = false;
+  b->span = nullptr;
+  b->stream = nullptr;
+  free_.insert(b);  // its own coming back: free_changes_ stays (see reuse_deferred)
+  deferred_ = b;  // still linked at its start (find_start skips free blocks)
 }
 
 void LargeArena::absorb_next(Block* b) {
@@ -294,6 +338,7 @@ std::size_t LargeArena::merge_split_pairs() {
   // make its taker synchronise the devices) stay apart, counted in
   // stuck_pairs_: the heap may learn that their work finished
   // (AccessTracker::poll) and ask again (recheck_stuck).
+  settle();
   split_pairs_ = 0;
   stuck_pairs_ = 0;
   std::size_t merged = 0;
@@ -324,35 +369,44 @@ std::size_t LargeArena::merge_split_pairs() {
 }
 
 std::size_t LargeArena::largest_mapped_free() const {
+  // The deferred block counts as merged, as the next take will see it.
+  std::size_t found = 0;
+  if (const Block* d = deferred_; d != nullptr) {
+    std::uintptr_t lo = d->addr, hi = d->end();
+    if (const Block* p = d->prev; p != nullptr && p->free && mergeable(p->waits, d->waits)) lo = p->addr;
+    if (const Block* n = d->next; n != nullptr && n->free && mergeable(d->waits, n->waits)) hi = n->end();
+    found = mapped_stretch(lo, hi);
+  }
   // Largest first, bin by bin (within a bin the order does not matter: the
   // answer is a maximum).
-  std::size_t found = 0;
   for (int bin = free_.last_bin(); bin >= 0; --bin) {
+    bool any = false;
     for (const Block* b = free_.head(bin); b != nullptr; b = b->bin_next) {
       const std::size_t m = mapped_stretch(b);
+      any = any || m != 0;
       found = std::max(found, m);
     }
-    if (found != 0) return found;
+    if (any) return found;
   }
-  return 0;
+  return found;
 }
 
-std::size_t LargeArena::mapped_stretch(const Block* b) const {
-  {
-    if (fully_mapped(b)) return b->size;
-    // A partly mapped free block: its largest mapped stretch.
-    std::size_t best = 0, cur = 0;
-    for (std::uintptr_t g = b->addr & ~(kGranule - 1); g < b->end(); g += kGranule) {
-      const PageEntry* e = pages_.find(g);
-      if (e != nullptr && e->chunk != 0) {
-        cur += kGranule;
-        best = std::max(best, cur);
-      } else {
-        cur = 0;
-      }
+std::size_t LargeArena::mapped_stretch(const Block* b) const { return mapped_stretch(b->addr, b->end()); }
+
+std::size_t LargeArena::mapped_stretch(std::uintptr_t addr, std::uintptr_t end) const {
+  if (fully_mapped(addr, end)) return end - addr;
+  // Partly mapped: its largest mapped stretch.
+  std::size_t best = 0, cur = 0;
+  for (std::uintptr_t g = addr & ~(kGranule - 1); g < end; g += kGranule) {
+    const PageEntry* e = pages_.find(g);
+    if (e != nullptr && e->chunk != 0) {
+      cur += kGranule;
+      best = std::max(best, cur);
+    } else {
+      cur = 0;
     }
-    return std::min(best, b->size);
   }
+  return std::min(best, end - addr);
 }
 
 void LargeArena::link_start(Block* b) {
@@ -376,7 +430,7 @@ Block* LargeArena::find_start(std::uintptr_t addr) const {
   const PageEntry* e = pages_.find(addr);
   if (e == nullptr) return nullptr;
   for (Block* b = e->starts; b != nullptr; b = b->page_next)
-    if (b->addr == addr) return b;
+    if (b->addr == addr && !b->free) return b;  // the deferred block is free
   return nullptr;
 }
 
@@ -666,7 +720,8 @@ bool LargeArena::check(std::string* why, std::size_t* large_live, std::size_t* s
       at += b->size;
       if (b->free) {
         ++free_blocks;
-        if (prev != nullptr && prev->free && mergeable(prev->waits, b->waits))
+        if (prev != nullptr && prev->free && mergeable(prev->waits, b->waits) &&
+            prev != deferred_ && b != deferred_)
           return fail("two free neighbours were not merged");
         if (!b->in_bins || b->bin != FreeBins::bin_of(b->size))
           return fail("free block not in its bin");

@@ -77,6 +77,38 @@ class LargeArena {
   // with b->waits as the work a taker must wait for, merged with free
   // neighbours where mergeable.
   void give_back(Block* b);
+  // The same for a block its user freed (unlinked from its start or not),
+  // with the merge deferred: the block waits in its bin as it is, still
+  // linked at its start, and reuse_deferred gives it back to the next
+  // allocation of exactly its size without a search, a split and a merge
+  // (a caching allocator's pair: free, then the same size again). Anything
+  // else merges it first (settle), and so does the next such free: at most
+  // one block of the arena is unmerged that way.
+  void give_back_deferred(Block* b);
+  // The deferred block, allocated again (still committed to nothing; its
+  // waits are the taker's to clear), if it is what a merge and a best fit
+  // would give `taker` for `size` bytes (deferred_is_best_fit); else null.
+  Block* reuse_deferred(std::size_t size, const StreamState* taker) {
+    Block* d = deferred_;
+    if (d == nullptr || d->size != size || d->waits.sole_stream() != taker) return nullptr;
+    // The verdict holds while the free set is as it was when it was given
+    // for this block, size and taker (a loop of pairs asks it once).
+    const bool known = d == fit_block_ && free_changes_ == fit_changes_ && size == fit_size_ &&
+                       taker == fit_taker_;
+    if (!known && !deferred_is_best_fit(size, taker)) return nullptr;
+    free_.erase(d);  // not erase_free: it stays linked at its start
+    deferred_ = nullptr;
+    d->free = false;
+    return d;
+  }
+  // Merges the deferred block with its free neighbours now (a release's walk
+  // carves free blocks at chunk edges and must see them merged).
+  void settle() {
+    if (Block* b = deferred_; b != nullptr) {
+      erase_free(b);
+      give_back(b);
+    }
+  }
   // Free neighbours kept apart by work not known finished: the heap asks
   // the driver what finished (outside its lock) before it grows, then
   // recheck_stuck() lets the next take merge them.
@@ -89,6 +121,7 @@ class LargeArena {
   std::size_t largest_mapped_free() const;
   // The longest run of mapped bytes in free block b.
   std::size_t mapped_stretch(const Block* b) const;
+  std::size_t mapped_stretch(std::uintptr_t addr, std::uintptr_t end) const;
 
   void link_start(Block* b);
   void unlink_start(Block* b);
@@ -194,14 +227,31 @@ class LargeArena {
                   bool mapped_only, bool strict, std::uintptr_t* at);
   Block* split_to(Block* b, std::uintptr_t at, std::size_t size);
   Block* split_after(Block* x, std::size_t keep);
+  // The deferred block, whose waits name only `taker`, is what an eager
+  // merge and a best fit would give a take of `size` (unaligned) by
+  // `taker`: large_arena.cpp says when. A yes is remembered (fit_*).
+  bool deferred_is_best_fit(std::size_t size, const StreamState* taker);
   // Merges b's free next neighbour into b (b's own bin entry is the caller's).
   void absorb_next(Block* b);
   // Merges every pair of free neighbours that give_back left apart because
   // different streams used them (a wait set that would overflow excepted).
   // Returns how many merges it made.
   std::size_t merge_split_pairs();
-  void insert_free(Block* b) { free_.insert(b); }
-  void erase_free(Block* b) { free_.erase(b); }
+  void insert_free(Block* b) {
+    free_.insert(b);
+    ++free_changes_;
+  }
+  // A block leaving the free set is no longer deferred (merged into a
+  // neighbour, carved, or released: each path made it consistent).
+  void erase_free(Block* b) {
+    free_.erase(b);
+    ++free_changes_;
+    if (b == deferred_) {
+      deferred_ = nullptr;
+      unlink_start(b);
+    }
+  }
+
   Region& new_region(std::uintptr_t base, std::size_t size);
   void remove_region(Region* r);
   std::uint32_t new_chunk_slot();
@@ -220,6 +270,16 @@ class LargeArena {
   // walk could not merge either.
   std::size_t split_pairs_ = 0;
   std::size_t stuck_pairs_ = 0;
+  // The block give_back_deferred left unmerged, in its bin (or null).
+  Block* deferred_ = nullptr;
+  // Changes to the free set other than the deferred block's own leaving and
+  // coming back, and the last yes of deferred_is_best_fit with the count
+  // it was given at.
+  std::uint64_t free_changes_ = 0;
+  const Block* fit_block_ = nullptr;
+  std::uint64_t fit_changes_ = 0;
+  std::size_t fit_size_ = 0;
+  const StreamState* fit_taker_ = nullptr;
   std::vector<ChunkRec> chunks_;
   std::vector<std::uint32_t> free_chunk_slots_;
   std::size_t mapped_ = 0;

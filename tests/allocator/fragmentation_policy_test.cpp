@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gvm/allocator.hpp"
@@ -256,6 +257,87 @@ TEST_F(FragmentationPolicy, ANewSpanAtThePeakReusesAnUnusedSpansGranule) {
   EXPECT_EQ(stats().reserved_bytes, 2 * reserved);
   a.deallocate(q, 256 * 1024, 0, nullptr);
   a.deallocate(r, 512 * 1024, 0, nullptr);
+  EXPECT_TRUE(invariants());
+}
+
+// A large block freed by its stream has its merge deferred, and the next
+// allocation of exactly its size on that stream gets it back at once
+// (LargeArena::reuse_deferred) - only where a merge and the best fit would
+// have put that allocation anyway. Three layouts, each with the block the
+// eager policy picks.
+class DeferredMerge : public FragmentationPolicy {
+ protected:
+  // (addr, size, allocated) of every block, for comparing layouts.
+  std::vector<std::tuple<std::uintptr_t, std::size_t, bool>> layout() const {
+    std::vector<std::tuple<std::uintptr_t, std::size_t, bool>> v;
+    for (const SegmentInfo& seg : alloc_->memory_map(0))
+      for (const BlockInfo& b : seg.blocks) v.emplace_back(b.addr, b.size, b.allocated);
+    return v;
+  }
+};
+
+TEST_F(DeferredMerge, TheSameSizeAgainGetsTheFreedBlockAndTheLayoutIsAsBefore) {
+  Allocator& a = make();
+  const StreamHandle s = new_stream();
+  void* x = a.allocate(8 * kMiB, 0, s);
+  void* b = a.allocate(16 * kMiB, 0, s);
+  void* c = a.allocate(4 * kMiB, 0, s);
+  a.deallocate(c, 4 * kMiB, 0, s);  // b's next neighbour: the free rest
+  const auto before = layout();
+  a.deallocate(b, 16 * kMiB, 0, s);
+  EXPECT_TRUE(invariants());
+  void* again = a.allocate(16 * kMiB, 0, s);
+  EXPECT_EQ(again, b);
+  EXPECT_EQ(layout(), before);
+  EXPECT_TRUE(invariants());
+  a.deallocate(again, 16 * kMiB, 0, s);
+  a.deallocate(x, 8 * kMiB, 0, s);
+  EXPECT_TRUE(invariants());
+}
+
+TEST_F(DeferredMerge, AnOlderHoleOfThatSizeIsTheBestFitAndWins) {
+  Allocator& a = make();
+  const StreamHandle s = new_stream();
+  void* hole = a.allocate(16 * kMiB, 0, s);
+  void* wall = a.allocate(3 * kMiB, 0, s);
+  void* b = a.allocate(16 * kMiB, 0, s);
+  a.deallocate(hole, 16 * kMiB, 0, s);  // between the region's start and a live block
+  a.deallocate(b, 16 * kMiB, 0, s);     // merged with the free rest, the eager policy
+  // picks the exact hole, not the free rest that b went back to
+  void* again = a.allocate(16 * kMiB, 0, s);
+  EXPECT_EQ(again, hole);
+  EXPECT_TRUE(invariants());
+  a.deallocate(again, 16 * kMiB, 0, s);
+  a.deallocate(wall, 3 * kMiB, 0, s);
+  EXPECT_TRUE(invariants());
+}
+
+TEST_F(DeferredMerge, AFreePredecessorMergesFirstAndTheBlockStartsThere) {
+  Allocator& a = make();
+  const StreamHandle s = new_stream();
+  void* first = a.allocate(8 * kMiB, 0, s);
+  void* b = a.allocate(16 * kMiB, 0, s);
+  void* wall = a.allocate(4 * kMiB, 0, s);
+  a.deallocate(first, 8 * kMiB, 0, s);
+  a.deallocate(b, 16 * kMiB, 0, s);  // merged: 24 MiB before the wall, the best fit
+  void* again = a.allocate(16 * kMiB, 0, s);
+  EXPECT_EQ(again, first) << "carved at the merged block's start";
+  EXPECT_TRUE(invariants());
+  a.deallocate(again, 16 * kMiB, 0, s);
+  a.deallocate(wall, 4 * kMiB, 0, s);
+  EXPECT_TRUE(invariants());
+}
+
+TEST_F(DeferredMerge, AFreedBlockIsNotLiveWhileItsMergeWaits) {
+  Allocator& a = make();
+  const StreamHandle s = new_stream(), t = new_stream();
+  void* keep = a.allocate(8 * kMiB, 0, s);
+  void* b = a.allocate(16 * kMiB, 0, s);
+  a.deallocate(b, 16 * kMiB, 0, s);
+  EXPECT_THROW(a.deallocate(b, 16 * kMiB, 0, s), usage_error) << "a second free";
+  EXPECT_THROW(a.record_stream(b, t), usage_error) << "record_stream of a freed block";
+  EXPECT_TRUE(invariants());
+  a.deallocate(keep, 8 * kMiB, 0, s);
   EXPECT_TRUE(invariants());
 }
 
