@@ -12,8 +12,9 @@
 #   OUT_DIR  where the JSON and the summary go (default ./old-vs-new-out)
 #
 # Builds gvm-bench-mt and gvm-bench-alloc of both (Release, no tests), then per
-# round runs old then new: BM_threads on gvm_cuda at 1, 8 and 16 threads and
-# BM_pair on gvm_cuda at every size, medians of 3 repetitions each. Prints one
+# round runs old then new: BM_threads on gvm_cuda at 1, 8 and 16 threads,
+# BM_pair on gvm_cuda at every size and BM_mixed (its time is per two
+# operations), medians of 3 repetitions each. Prints one
 # table (tools/bench-old-vs-new.py) with every round's figure and the median
 # over the rounds, old beside new; writes it to OUT_DIR/summary.txt.
 set -euo pipefail
@@ -58,7 +59,7 @@ for round in $(seq 1 "$ROUNDS"); do
         --benchmark_filter='BM_threads/gvm_cuda/.*threads:(1|8|16)$' \
         --benchmark_out="$OUT_DIR/mt-$which-$round.json" >"$OUT_DIR/mt-$which-$round.log" 2>&1
     "$WORK/$which/bench/gvm-bench-alloc" "${FLAGS[@]}" \
-        --benchmark_filter='BM_pair/gvm_cuda/' \
+        --benchmark_filter='BM_(pair|mixed)/gvm_cuda/' \
         --benchmark_out="$OUT_DIR/pair-$which-$round.json" >"$OUT_DIR/pair-$which-$round.log" 2>&1
   done
 done
