@@ -59,7 +59,7 @@ def main(argv):
     lines = ["old = %s, new = this tree; rounds alternate old, new" % old_name, "",
              "threads (M operations/s, all threads; higher is better):"]
     lines += table(out_dir, "mt", lambda b: b["items_per_second"] / 1e6, "M/s", "new/old")
-    lines += ["", "cache-hit pair (ns per allocate+free; lower is better):"]
+    lines += ["", "cache-hit pair (ns per allocate+free) and mixed (ns per two operations); lower is better:"]
     lines += table(out_dir, "pair", lambda b: b["real_time"], "ns", "old/new")
     print("\n".join(lines))
     return 0
