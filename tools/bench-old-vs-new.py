@@ -56,7 +56,8 @@ def main(argv):
         raise SystemExit(__doc__)
     out_dir = argv[0]
     old_name = argv[1] if len(argv) > 1 else "old"
-    lines = ["old = %s, new = this tree; rounds alternate old, new" % old_name, "",
+    order = os.environ.get("GVM_OVN_ORDER", "old new").replace(" ", ", ")
+    lines = ["old = %s, new = this tree; each round runs %s" % (old_name, order), "",
              "threads (M operations/s, all threads; higher is better):"]
     lines += table(out_dir, "mt", lambda b: b["items_per_second"] / 1e6, "M/s", "new/old")
     lines += ["", "cache-hit pair (ns per allocate+free) and mixed (ns per two operations); lower is better:"]

@@ -10,6 +10,8 @@
 #            that revision's source tree, or a .tar of it (one top directory)
 #   ROUNDS   rounds of old then new (default 3)
 #   OUT_DIR  where the JSON and the summary go (default ./old-vs-new-out)
+#   GVM_OVN_ORDER="new old"  the order within a round (default "old new"), to
+#            see whether running second favours either
 #
 # Builds gvm-bench-mt and gvm-bench-alloc of both (Release, no tests), then per
 # round runs old then new: BM_threads on gvm_cuda at 1, 8 and 16 threads,
@@ -53,7 +55,7 @@ build "$ROOT" "$WORK/new" "$OUT_DIR/build-new.log"
 FLAGS=(--benchmark_repetitions=3 --benchmark_report_aggregates_only=true
        --benchmark_min_time=0.2 --benchmark_out_format=json)
 for round in $(seq 1 "$ROUNDS"); do
-  for which in old new; do
+  for which in ${GVM_OVN_ORDER:-old new}; do
     echo "round $round: $which"
     "$WORK/$which/bench/gvm-bench-mt" "${FLAGS[@]}" \
         --benchmark_filter='BM_threads/gvm_cuda/.*threads:(1|8|16)$' \
