@@ -113,6 +113,13 @@ Heap* DeviceHeap::existing_pool(std::uint64_t id) const {
 
 // ---------------------------------------------------------------- growth --
 
+std::size_t DeviceHeap::arena_cached_bytes() const {
+  std::size_t n = 0;
+  for (Heap* h : heaps())
+    if (h->kind() != Heap::Kind::scratch) n += h->cached_bytes();
+  return n;
+}
+
 std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run>& runs,
                                                   std::size_t need, std::size_t requested) {
   const bool arena = h.kind() != Heap::Kind::scratch;
@@ -120,7 +127,8 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
   const auto live_after =
       static_cast<std::size_t>(std::max<std::int64_t>(0, live_total())) + requested;
   const GrowthPlan plan = policy_.plan(need, reserved(), budget_.peak(), live_after,
-                                       static_cast<std::size_t>(peak_live_.load()), arena);
+                                       static_cast<std::size_t>(peak_live_.load()), arena,
+                                       arena_cached_bytes());
   // During a capture nothing is released (a release fences: a host wait the
   // capture forbids); past the cap that is an out-of-memory that says so.
   if (plan.release != 0 && !capture) {
@@ -201,7 +209,8 @@ vmm::DevicePtr DeviceHeap::segment_for(Heap& h, std::size_t* bytes, std::size_t 
       static_cast<std::size_t>(std::max<std::int64_t>(0, live_total())) + requested;
   // The same rules as the VMM path, by whole segments.
   const GrowthPlan plan = policy_.plan(need, reserved(), budget_.peak(), live_after,
-                                       static_cast<std::size_t>(peak_live_.load()), arena);
+                                       static_cast<std::size_t>(peak_live_.load()), arena,
+                                       arena_cached_bytes());
   const bool capture = capturing();
   if (plan.release != 0 && !capture) {
     for (Heap* x : heaps()) x->reclaim_spans();

@@ -200,6 +200,9 @@ class DeviceHeap {
 
  private:
   Heap& add_heap(std::unique_ptr<Heap> h);
+  // The wholly free chunk bytes of every heap but the scratch (the growth
+  // policy's idle pool).
+  std::size_t arena_cached_bytes() const;
   bool defer_free(Heap* h, Span* s, std::uintptr_t addr, std::size_t bytes,
                   vmm::StreamHandle stream, bool own_stream, std::size_t* requested);
   static const char* const kCaptureCap;

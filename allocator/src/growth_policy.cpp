@@ -32,7 +32,7 @@ std::size_t GrowthPolicy::cap() const noexcept {
 
 GrowthPlan GrowthPolicy::plan(std::size_t need, std::size_t reserved, std::size_t peak_reserved,
                               std::size_t live_after, std::size_t peak_live,
-                              bool arena) const noexcept {
+                              bool arena, std::size_t cached) const noexcept {
   GrowthPlan p;
   if (const std::size_t c = cap(); c != 0 && reserved + need > c) p.release = reserved + need - c;
   if (arena && config_.reserve_slack >= 0.0) {
@@ -43,7 +43,8 @@ GrowthPlan GrowthPolicy::plan(std::size_t need, std::size_t reserved, std::size_
     const double peak = static_cast<double>(std::max(live_after, peak_live));
     const auto bound = static_cast<std::size_t>(peak * (1.0 + config_.reserve_slack));
     if (reserved + need > bound && raises_peak(need, reserved, peak_reserved) &&
-        need * kReleaseGrowthFraction >= reserved && need >= kReleaseGrowthMinBytes) {
+        ((need * kReleaseGrowthFraction >= reserved && need >= kReleaseGrowthMinBytes) ||
+         cached >= kIdlePoolFactor * need)) {
       const std::size_t want = reserved + need - bound;
       if (want > p.release) {
         p.release = want;

@@ -64,6 +64,18 @@ class GrowthPolicy {
   // us per operation on an H200 without this floor, 0.0003 driver calls per
   // operation with it; the shipped traces' ratios are the same with it.
   static constexpr std::size_t kReleaseGrowthMinBytes = std::size_t{8} << 20;
+  // Neither applies when the wholly free chunks are at least this many times
+  // the growth: the growth is the best fit's choice of a small unmapped hole
+  // over a large mapped pool, and growing at a new peak while the pool sits
+  // idle is fragmentation, not need. The Llama generate program's trace
+  // (recorded with record_trace on an H200) crept to its peak by growths of
+  // one or two granules beside 74 MiB of wholly free chunks: 1.080 -> 1.026
+  // reserved per live byte with this (simulated H200), BERT 1.091 -> 1.089,
+  // the synthetic mixed trace 1.226 -> 1.198 (1,812 -> 2,387 driver calls),
+  // the other traces unchanged; the same at 4 and 8, GPT-2 1.032 at 32 and
+  // 1.021 at 64 (docs/design-notes.md, "Fragmentation"). A fragmented steady
+  // state (the floor's reason) holds few wholly free chunks.
+  static constexpr std::size_t kIdlePoolFactor = 16;
 
   GrowthPolicy(const Config& config, std::size_t device_memory) noexcept
       : config_(config), device_memory_(device_memory) {}
@@ -74,9 +86,11 @@ class GrowthPolicy {
   // `peak_reserved` at most so far), `live` bytes live (plus the request)
   // and `peak_live` the peak so far; `arena`:
   // the slack rule applies (not to the scratch, whose chunks carry peer
-  // grants that cost ~1 ms per 64 MiB to make again, docs/measurements.md).
+  // grants that cost ~1 ms per 64 MiB to make again, docs/measurements.md);
+  // `cached`: the arenas' wholly free chunk bytes (kIdlePoolFactor).
   GrowthPlan plan(std::size_t need, std::size_t reserved, std::size_t peak_reserved,
-                  std::size_t live_after, std::size_t peak_live, bool arena) const noexcept;
+                  std::size_t live_after, std::size_t peak_live, bool arena,
+                  std::size_t cached = 0) const noexcept;
 
   // A growth of `need` bytes with `reserved` mapped would set a new peak of
   // reserved bytes: the condition of the release before growth (plan) and
