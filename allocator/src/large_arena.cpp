@@ -286,8 +286,7 @@ bool LargeArena::deferred_is_best_fit(std::size_t size, const StreamState* taker
   // block lies in a bin from this size's up to M's (best fit would take it).
   // The result is then the eager path's, block for block: the trace
   // replays' figures do not move.
-  const Block* d = deferred_;
-  if (d->size != size || d->waits.sole_stream() != taker) return false;
+  const Block* d = deferred_;  // its size and sole stream: checked by reuse_deferred
   if (const Block* p = d->prev; p != nullptr && p->free && mergeable(p->waits, d->waits)) return false;
   const Block* n = d->next;
   if (n != nullptr && !(n->free && mergeable(d->waits, n->waits))) n = nullptr;

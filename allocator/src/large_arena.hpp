@@ -227,7 +227,8 @@ class LargeArena {
                   bool mapped_only, bool strict, std::uintptr_t* at);
   Block* split_to(Block* b, std::uintptr_t at, std::size_t size);
   Block* split_after(Block* x, std::size_t keep);
-  // The deferred block, whose waits name only `taker`, is what an eager
+  // The deferred block, of `size` bytes and whose waits name only `taker`
+  // (the caller, reuse_deferred, checked both), is what an eager
   // merge and a best fit would give a take of `size` (unaligned) by
   // `taker`: large_arena.cpp says when. A yes is remembered (fit_*).
   bool deferred_is_best_fit(std::size_t size, const StreamState* taker);
