@@ -280,10 +280,14 @@ void* DeviceHeap::steal(std::size_t size, std::size_t bytes, StreamState& taker,
 bool DeviceHeap::deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream,
                             bool own_stream, std::size_t* requested) {
   const PageEntry* e = pages_.find(addr);
-  if (e == nullptr) return false;
-  Span* s = e->span.load(std::memory_order_acquire);
+  return e != nullptr && deallocate_in(*e, addr, bytes, stream, own_stream, requested);
+}
+
+bool DeviceHeap::deallocate_in(const PageEntry& e, std::uintptr_t addr, std::size_t bytes,
+                               vmm::StreamHandle stream, bool own_stream, std::size_t* requested) {
+  Span* s = e.span.load(std::memory_order_acquire);
   if (s != nullptr && !s->contains(addr)) s = nullptr;
-  Heap* h = s != nullptr ? s->owner : e->owner.load(std::memory_order_acquire);
+  Heap* h = s != nullptr ? s->owner : e.owner.load(std::memory_order_acquire);
   if (h == nullptr) return false;
   if (capturing_here() && !(h->kind() == Heap::Kind::pool && h->capturing())) [[unlikely]]
     return defer_free(h, s, addr, bytes, stream, own_stream, requested);
@@ -292,7 +296,7 @@ bool DeviceHeap::deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamH
     s->owner->free_slot(s, addr, bytes, own_stream ? s->owner->stream()->handle() : stream);
     return true;
   }
-  return h->deallocate_large(addr, bytes, stream, own_stream, requested);
+  return h->deallocate_large(e, addr, bytes, stream, own_stream, requested);
 }
 
 bool DeviceHeap::defer_free(Heap* h, Span* s, std::uintptr_t addr, std::size_t bytes,

@@ -108,14 +108,15 @@ class DeviceHeap {
   // deallocate's hot path, inline: a slot of a span while no capture runs
   // here goes straight to the span's owner (which checks the rest).
   bool free(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream) {
-    if (const PageEntry* e = pages_.find(addr); e != nullptr) [[likely]] {
-      Span* s = e->span.load(std::memory_order_acquire);
-      if (s != nullptr && s->contains(addr) && !capturing_here()) [[likely]] {
-        s->owner->free_slot(s, addr, bytes, stream);
-        return true;
-      }
+    const PageEntry* e = pages_.find(addr);
+    if (e == nullptr) [[unlikely]]
+      return false;
+    Span* s = e->span.load(std::memory_order_acquire);
+    if (s != nullptr && s->contains(addr) && !capturing_here()) [[likely]] {
+      s->owner->free_slot(s, addr, bytes, stream);
+      return true;
     }
-    return deallocate(addr, bytes, stream);
+    return deallocate_in(*e, addr, bytes, stream, false, nullptr);
   }
   bool record_stream(std::uintptr_t addr, StreamState& user);
   void note_use(std::uintptr_t addr, StreamState& user);
@@ -203,6 +204,9 @@ class DeviceHeap {
   // The wholly free chunk bytes of every heap but the scratch (the growth
   // policy's idle pool).
   std::size_t arena_cached_bytes() const;
+  // deallocate in the page map's entry of addr's granule (found already).
+  bool deallocate_in(const PageEntry& e, std::uintptr_t addr, std::size_t bytes,
+                     vmm::StreamHandle stream, bool own_stream, std::size_t* requested);
   bool defer_free(Heap* h, Span* s, std::uintptr_t addr, std::size_t bytes,
                   vmm::StreamHandle stream, bool own_stream, std::size_t* requested);
   static const char* const kCaptureCap;

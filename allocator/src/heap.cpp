@@ -33,6 +33,7 @@ Heap::Heap(DeviceHeap& device, Kind kind, StreamState* stream, std::uint64_t poo
       small_max_(kind == Kind::stream
                      ? std::min(device.config().small_block_max_bytes, kGranule / 2)
                      : 0),
+      release_after_free_(device.config().release_threshold_bytes != SIZE_MAX),
       access_{{device.device(), vmm::Access::read_write}},
       arena_(device.driver(), device.device(), device.pages(), this, device.backing().on_demand()) {}
 
@@ -299,7 +300,6 @@ bool Heap::deallocate_large_slow(std::uintptr_t addr, std::size_t bytes, vmm::St
                         " bytes) on device " + std::to_string(device()) +
                         ": the block was allocated with " + std::to_string(b->requested) + " bytes");
     if (requested != nullptr) *requested = b->requested;
-    arena_.uncommit(b);  // it stays linked at its start while its merge is deferred
     StreamState* also = freer != nullptr && freer != b->stream ? freer : nullptr;
     had_users = !b->waits.empty();
     if (had_users) users = b->waits;

@@ -85,7 +85,6 @@ class Heap {
     {
       std::lock_guard<SpinLock> guard(lock_);
       if (Block* b = arena_.reuse_deferred(size, &user); b != nullptr) [[likely]] {
-        arena_.commit(b);
         b->stream = &user;
         b->requested = bytes;
         b->waits.clear();
@@ -102,24 +101,25 @@ class Heap {
   // usage_error (nothing changed) for a size that does not match.
   // `*requested`: what the block was allocated with.
   // own_stream: on the block's allocation stream (`stream` unused).
-  bool deallocate_large(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream,
-                        bool own_stream, std::size_t* requested) {
+  // `e`: the page map's entry of addr's granule (the caller looked it up).
+  bool deallocate_large(const PageEntry& e, std::uintptr_t addr, std::size_t bytes,
+                        vmm::StreamHandle stream, bool own_stream, std::size_t* requested) {
     // The hot path: a block of this stream's heap freed on that stream,
     // used by no other: its only token is the stream's own.
     StreamState* own = this->stream();
     if (own != nullptr && (own_stream || stream == own->handle())) [[likely]] {
       lock_.lock();
-      Block* b = arena_.find_start(addr);
+      Block* b = LargeArena::start_in(e, addr);
       if (b != nullptr && b->stream == own && b->waits.empty() &&
           (bytes == kUnknownSize || bytes == b->requested)) [[likely]] {
         if (requested != nullptr) *requested = b->requested;
-        arena_.uncommit(b);
-        b->waits.add(Token{own, own->epoch()});
+        b->waits.assign(Token{own, own->epoch()});  // it was empty
         ++frees_;
         add_live(-static_cast<std::int64_t>(b->size));
         arena_.give_back_deferred(b);
         lock_.unlock();
-        device_release_above_threshold();
+        if (release_after_free_) [[unlikely]]
+          device_release_above_threshold();
         return true;
       }
       lock_.unlock();
@@ -281,6 +281,9 @@ class Heap {
   const std::uint64_t pool_;
   const bool first_;  // the first heap of its device: the large region
   const std::size_t small_max_;
+  // Config::release_threshold_bytes is set: a free may release (the
+  // config is fixed for the allocator's life).
+  const bool release_after_free_;
   std::vector<vmm::AccessDesc> access_;
   bool grants_fenced_ = false;
 

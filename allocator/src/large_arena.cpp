@@ -293,8 +293,8 @@ bool LargeArena::deferred_is_best_fit(std::size_t size, const StreamState* taker
   const int merged_bin = FreeBins::bin_of(size + (n != nullptr ? n->size : 0));
   for (int bin = free_.next_bin(FreeBins::bin_of(size)); bin < merged_bin;
        bin = free_.next_bin(bin + 1)) {
-    const Block* h = free_.head(bin);
-    if ((h != d && h != n) || h->bin_next != nullptr) return false;
+    const Block* h = free_.head(bin);  // d is in no bin
+    if (h != n || h->bin_next != nullptr) return false;
   }
   fit_block_ = d;
   fit_changes_ = free_changes_;
@@ -304,19 +304,23 @@ bool LargeArena::deferred_is_best_fit(std::size_t size, const StreamState* taker
 }
 
 void LargeArena::give_back_deferred(Block* b) {
+  // Still counted on its chunks: uncounted when it merges (erase_free), so
+  // a pair that takes it back neither uncounts nor counts it.
   settle();
   b->free = true;
   b->releasing = false;
   b->pending = false;
   b->span = nullptr;
   b->stream = nullptr;
-  free_.insert(b);  // its own coming back: free_changes_ stays (see reuse_deferred)
-  deferred_ = b;  // still linked at its start (find_start skips free blocks)
+  // In no bin: the free set's changes (free_changes_) stay as they were,
+  // and a take settles it first. Still linked at its start (find_start
+  // skips free blocks).
+  deferred_ = b;
 }
 
 void LargeArena::absorb_next(Block* b) {
   Block* n = b->next;
-  if (n->in_bins) erase_free(n);  // a block being given back is not yet in
+  if (n->in_bins || n == deferred_) erase_free(n);  // a block being given back is not yet in
   b->size += n->size;
   b->waits.merge(n->waits);
   b->next = n->next;
@@ -427,10 +431,7 @@ void LargeArena::unlink_start(Block* b) {
 
 Block* LargeArena::find_start(std::uintptr_t addr) const {
   const PageEntry* e = pages_.find(addr);
-  if (e == nullptr) return nullptr;
-  for (Block* b = e->starts; b != nullptr; b = b->page_next)
-    if (b->addr == addr && !b->free) return b;  // the deferred block is free
-  return nullptr;
+  return e == nullptr ? nullptr : start_in(*e, addr);
 }
 
 const Block* LargeArena::live_block_holding(std::uintptr_t addr, std::size_t bytes) const {
@@ -554,10 +555,23 @@ std::vector<Run> LargeArena::chunk_ranges() const {
   return out;
 }
 
+std::vector<std::uint32_t> LargeArena::deferred_chunks() const {
+  std::vector<std::uint32_t> out;
+  if (deferred_ != nullptr) for_each_chunk(deferred_, [&](std::uint32_t c) { out.push_back(c); });
+  return out;
+}
+
+bool LargeArena::wholly_free(std::uint32_t i, const std::vector<std::uint32_t>& deferred) const {
+  const ChunkRec& c = chunks_[i];
+  const auto own = static_cast<std::uint32_t>(std::count(deferred.begin(), deferred.end(), i));
+  return c.in_use && !c.releasing && c.live == own;
+}
+
 std::vector<std::uint32_t> LargeArena::cached_chunks() const {
+  const std::vector<std::uint32_t> deferred = deferred_chunks();
   std::vector<std::uint32_t> out;
   for (std::uint32_t i = 0; i < chunks_.size(); ++i)
-    if (chunks_[i].in_use && !chunks_[i].releasing && chunks_[i].live == 0) out.push_back(i);
+    if (wholly_free(i, deferred)) out.push_back(i);
   // Largest first: fewest driver calls for the bytes wanted.
   std::sort(out.begin(), out.end(),
             [&](std::uint32_t a, std::uint32_t b) { return chunks_[a].size > chunks_[b].size; });
@@ -565,9 +579,10 @@ std::vector<std::uint32_t> LargeArena::cached_chunks() const {
 }
 
 std::size_t LargeArena::cached_bytes() const {
+  const std::vector<std::uint32_t> deferred = deferred_chunks();
   std::size_t n = 0;
-  for (const auto& c : chunks_)
-    if (c.in_use && !c.releasing && c.live == 0) n += c.size;
+  for (std::uint32_t i = 0; i < chunks_.size(); ++i)
+    if (wholly_free(i, deferred)) n += chunks_[i].size;
   return n;
 }
 
@@ -719,9 +734,15 @@ bool LargeArena::check(std::string* why, std::size_t* large_live, std::size_t* s
       at += b->size;
       if (b->free) {
         ++free_blocks;
+        // The deferred block stays counted on its chunks until it merges.
+        if (b == deferred_) for_each_chunk(b, [&](std::uint32_t c) { ++expected_live[c]; });
         if (prev != nullptr && prev->free && mergeable(prev->waits, b->waits) &&
             prev != deferred_ && b != deferred_)
           return fail("two free neighbours were not merged");
+        if (b == deferred_) {
+          if (b->in_bins) return fail("the deferred block is in a bin");
+          continue;
+        }
         if (!b->in_bins || b->bin != FreeBins::bin_of(b->size))
           return fail("free block not in its bin");
         continue;
@@ -752,7 +773,8 @@ bool LargeArena::check(std::string* why, std::size_t* large_live, std::size_t* s
     }
     if (at != r.base + r.size) return fail("blocks do not cover the region");
   }
-  if (free_blocks != free_.size()) return fail("the bins hold blocks that are not free");
+  if (free_blocks != free_.size() + (deferred_ != nullptr ? 1 : 0))
+    return fail("the bins hold blocks that are not free");
   std::size_t mapped = 0;
   for (std::uint32_t i = 0; i < chunks_.size(); ++i) {
     const ChunkRec& c = chunks_[i];

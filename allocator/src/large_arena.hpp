@@ -77,15 +77,17 @@ class LargeArena {
   // with b->waits as the work a taker must wait for, merged with free
   // neighbours where mergeable.
   void give_back(Block* b);
-  // The same for a block its user freed (unlinked from its start or not),
-  // with the merge deferred: the block waits in its bin as it is, still
-  // linked at its start, and reuse_deferred gives it back to the next
-  // allocation of exactly its size without a search, a split and a merge
-  // (a caching allocator's pair: free, then the same size again). Anything
-  // else merges it first (settle), and so does the next such free: at most
-  // one block of the arena is unmerged that way.
+  // The same for a block its user freed (unlinked from its start or not,
+  // still counted on its chunks), with the merge deferred: the block waits
+  // as it is - free, outside the bins, still linked at its start and
+  // counted on its chunks - and reuse_deferred gives it back to the next
+  // allocation of exactly its size without a search, a split, a merge or a
+  // bin (a caching allocator's pair: free, then the same size again).
+  // Anything else merges it first (settle: into its bin, uncounted), and so
+  // does the next such free: at most one block of the arena is unmerged
+  // that way.
   void give_back_deferred(Block* b);
-  // The deferred block, allocated again (still committed to nothing; its
+  // The deferred block, allocated again (still counted on its chunks; its
   // waits are the taker's to clear), if it is what a merge and a best fit
   // would give `taker` for `size` bytes (deferred_is_best_fit); else null.
   Block* reuse_deferred(std::size_t size, const StreamState* taker) {
@@ -96,8 +98,7 @@ class LargeArena {
     const bool known = d == fit_block_ && free_changes_ == fit_changes_ && size == fit_size_ &&
                        taker == fit_taker_;
     if (!known && !deferred_is_best_fit(size, taker)) return nullptr;
-    free_.erase(d);  // not erase_free: it stays linked at its start
-    deferred_ = nullptr;
+    deferred_ = nullptr;  // not erase_free: it stays linked and counted
     d->free = false;
     return d;
   }
@@ -126,6 +127,13 @@ class LargeArena {
   void link_start(Block* b);
   void unlink_start(Block* b);
   Block* find_start(std::uintptr_t addr) const;
+  // The same in the page map's entry of addr's granule (deallocate's hot
+  // path found it already).
+  static Block* start_in(const PageEntry& e, std::uintptr_t addr) noexcept {
+    for (Block* b = e.starts; b != nullptr; b = b->page_next)
+      if (b->addr == addr && !b->free) return b;  // the deferred block is free
+    return nullptr;
+  }
   // The live block holding [addr, addr + bytes), or null (peer_copy checks).
   const Block* live_block_holding(std::uintptr_t addr, std::size_t bytes) const;
   Block* live_block_holding(std::uintptr_t addr, std::size_t bytes) {
@@ -161,7 +169,8 @@ class LargeArena {
     for (const auto& r : regions_)
       for (const Block* b = r->first; b != nullptr; b = b->next) f(*b);
   }
-  // Wholly free chunks (live 0, not being released), largest first.
+  // Wholly free chunks (no block over them but the deferred one, not being
+  // released), largest first.
   std::vector<std::uint32_t> cached_chunks() const;
   std::size_t cached_bytes() const;
   std::size_t chunk_size(std::uint32_t c) const { return chunks_[c].size; }
@@ -242,16 +251,23 @@ class LargeArena {
     free_.insert(b);
     ++free_changes_;
   }
-  // A block leaving the free set is no longer deferred (merged into a
-  // neighbour, carved, or released: each path made it consistent).
+  // A block leaving the free set (merged into a neighbour, carved, or
+  // released: each path made it consistent). The deferred block is in no
+  // bin: it is no longer deferred, linked at its start or counted.
   void erase_free(Block* b) {
-    free_.erase(b);
-    ++free_changes_;
     if (b == deferred_) {
       deferred_ = nullptr;
       unlink_start(b);
+      uncommit(b);
+    } else {
+      free_.erase(b);
     }
+    ++free_changes_;
   }
+  // The chunks under the deferred block (counted on them), and whether
+  // chunk i holds no other block.
+  std::vector<std::uint32_t> deferred_chunks() const;
+  bool wholly_free(std::uint32_t i, const std::vector<std::uint32_t>& deferred) const;
 
   Region& new_region(std::uintptr_t base, std::size_t size);
   void remove_region(Region* r);
@@ -271,7 +287,7 @@ class LargeArena {
   // walk could not merge either.
   std::size_t split_pairs_ = 0;
   std::size_t stuck_pairs_ = 0;
-  // The block give_back_deferred left unmerged, in its bin (or null).
+  // The block give_back_deferred left unmerged, free and in no bin (or null).
   Block* deferred_ = nullptr;
   // Changes to the free set other than the deferred block's own leaving and
   // coming back, and the last yes of deferred_is_best_fit with the count

@@ -42,6 +42,12 @@ class WaitSet {
     }
     tokens_[static_cast<std::size_t>(count_++)] = t;
   }
+  // Exactly {t} (t names a stream): the hot free's one token, no search.
+  void assign(const Token& t) noexcept {
+    tokens_[0] = t;
+    count_ = 1;
+    overflow_devices_ = 0;
+  }
   void merge(const WaitSet& o) noexcept {
     overflow_devices_ |= o.overflow_devices_;
     for (int i = 0; i < o.count_; ++i) add(o[i]);

@@ -377,6 +377,63 @@ TEST_F(DeferredMerge, AFreedBlockIsNotLiveWhileItsMergeWaits) {
   EXPECT_TRUE(invariants());
 }
 
+// The freed block whose merge waits stays counted on its chunks (a pair
+// neither uncounts nor counts it again): the chunks under it alone are still
+// wholly free to a trim, and to rule 5's count of idle chunks when another
+// stream's growth asks.
+TEST_F(DeferredMerge, AChunkUnderTheUnmergedBlockAloneIsReleasedByATrim) {
+  Config c;
+  c.max_chunk_bytes = 2 * kMiB;
+  Allocator& a = make(c);
+  const StreamHandle s = new_stream();
+  void* keep = a.allocate(8 * kMiB, 0, s);
+  void* b = a.allocate(64 * kMiB, 0, s);
+  const DeviceStats held = stats();
+  a.deallocate(b, 64 * kMiB, 0, s);
+  EXPECT_TRUE(invariants());
+  a.trim(0);
+  EXPECT_EQ(stats().chunks_unmapped, held.chunks_unmapped + 32) << "b's 32 granules";
+  EXPECT_EQ(stats().reserved_bytes, held.reserved_bytes - 64 * kMiB);
+  EXPECT_TRUE(invariants());
+  void* again = a.allocate(64 * kMiB, 0, s);
+  EXPECT_TRUE(invariants());
+  a.deallocate(again, 64 * kMiB, 0, s);
+  a.deallocate(keep, 8 * kMiB, 0, s);
+  EXPECT_TRUE(invariants());
+}
+
+TEST_F(DeferredMerge, AnotherStreamsUnmergedBlockCountsAsIdleChunksForAGrowth) {
+  // Rule 5 with the idle chunks on other streams, in pieces too small to
+  // steal: 23 pieces of 4 MiB on t and one on u, freed last there, its merge
+  // waiting (u has too little free memory for the growth to try a steal,
+  // which would merge it). 24 pieces are exactly 16 times a growth of 6 MiB,
+  // 23 are not.
+  Config c;
+  c.reserve_slack = 0.0;
+  c.max_chunk_bytes = 2 * kMiB;
+  Allocator& a = make(c);
+  const StreamHandle t = new_stream(), u = new_stream();
+  std::vector<void*> pieces, walls;
+  for (int i = 0; i < 23; ++i) {
+    pieces.push_back(a.allocate(4 * kMiB, 0, t));
+    walls.push_back(a.allocate(2 * kMiB, 0, t));
+  }
+  void* last = a.allocate(4 * kMiB, 0, u);
+  void* wall = a.allocate(2 * kMiB, 0, u);
+  for (void* p : pieces) a.deallocate(p, 4 * kMiB, 0, t);
+  a.deallocate(last, 4 * kMiB, 0, u);
+  const DeviceStats before = stats();
+  ASSERT_EQ(before.peak_reserved_bytes, before.reserved_bytes);
+  void* y = a.allocate(6 * kMiB, 0, nullptr);  // a growth of three granules at a new peak
+  EXPECT_EQ(stats().fences, before.fences + 1) << "idle chunks released first";
+  EXPECT_GT(stats().chunks_unmapped, before.chunks_unmapped);
+  EXPECT_TRUE(invariants());
+  a.deallocate(y, 6 * kMiB, 0, nullptr);
+  for (void* w : walls) a.deallocate(w, 2 * kMiB, 0, t);
+  a.deallocate(wall, 2 * kMiB, 0, u);
+  EXPECT_TRUE(invariants());
+}
+
 // Several streams each keep blocks of 256 B - 4 MiB live and replace one at a
 // time, round robin (one thread: the same interleaving every run). Heaps
 // take each other's free memory, so an arena's free blocks are left by
