@@ -132,6 +132,10 @@ ReplayResult replay(const Trace& trace, Allocator& allocator, vmm::TestDriver& d
   const DriverCallStats after = allocator.stats().driver;
   result.driver_calls = after.total_calls() - before.total_calls();
   result.driver_call_ns = after.total_nanoseconds() - before.total_nanoseconds();
+  for (std::size_t c = 0; c < result.calls_by.size(); ++c) {
+    result.calls_by[c] = after.calls[c] - before.calls[c];
+    result.ns_by[c] = after.nanoseconds[c] - before.nanoseconds[c];
+  }
   result.allocator_peak_reserved_bytes = allocator.device_stats(device).peak_reserved_bytes;
   result.events = n;
   result.allocations = trace.allocations;

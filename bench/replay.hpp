@@ -15,6 +15,7 @@
 // Allocator.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -87,6 +88,9 @@ struct ReplayResult {
   // Driver calls the loop made (all entry points, all devices).
   std::uint64_t driver_calls = 0;
   std::uint64_t driver_call_ns = 0;  // time inside those calls (the allocator's stats)
+  // The same by entry point (vmm::Call): where a replay's driver time goes.
+  std::array<std::uint64_t, gvm::vmm::kCallCount> calls_by{};
+  std::array<std::uint64_t, gvm::vmm::kCallCount> ns_by{};
   std::uint64_t wall_ns = 0;         // the replay loop, steady_clock
   double ns_per_op() const noexcept {
     return events == 0 ? 0.0 : static_cast<double>(wall_ns) / static_cast<double>(events);

@@ -358,8 +358,15 @@ int run_one(const Args& a) {
       << ",\"peak_reserved_bytes\":" << memory.peak_reserved_bytes
       << ",\"allocator_peak_reserved_bytes\":" << memory.allocator_peak_reserved_bytes
       << ",\"ratio\":" << ratio << ",\"driver_calls\":" << timed.driver_calls
-      << ",\"driver_call_ns\":" << timed.driver_call_ns << ",\"ns_per_op\":" << ns
-      << ",\"ns_per_op_runs\":[";
+      << ",\"driver_call_ns\":" << timed.driver_call_ns << ",\"driver_calls_by\":{";
+    bool first = true;
+    for (std::size_t c = 0; c < timed.calls_by.size(); ++c) {
+      if (timed.calls_by[c] == 0) continue;
+      o << (first ? "" : ",") << json_string(gvm::vmm::call_name(static_cast<gvm::vmm::Call>(c)))
+        << ":{\"calls\":" << timed.calls_by[c] << ",\"ns\":" << timed.ns_by[c] << "}";
+      first = false;
+    }
+    o << "},\"ns_per_op\":" << ns << ",\"ns_per_op_runs\":[";
     for (std::size_t i = 0; i < m.ns_per_op.size(); ++i) o << (i ? "," : "") << m.ns_per_op[i];
     o << "],\"repeat\":" << a.repeat << ",\"driver\":" << json_string(driver.name())
       << ",\"driver_detail\":" << json_string(choice.description)

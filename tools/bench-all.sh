@@ -129,8 +129,13 @@ bench() {  # bench NAME LIMIT BINARY [ARGS...]
     FAILED+=("$name: $bin not built")
     return 1
   fi
+  # A warm-up before each benchmark's timed runs, for every allocator alike
+  # (Google Benchmark 1.7 and later): the first benchmark of a binary no
+  # longer pays for the host's clock ramp and first page faults.
+  local warm=()
+  "$bin" --help 2>/dev/null | grep -q benchmark_min_warmup_time && warm=(--benchmark_min_warmup_time=0.1)
   step "$name" "$limit" "$bin" --benchmark_out="$RES/$name.json" --benchmark_out_format=json \
-    "${ARGS[@]}" --benchmark_min_time="$MIN_TIME" "$@"
+    "${ARGS[@]}" "${warm[@]}" --benchmark_min_time="$MIN_TIME" "$@"
 }
 bench alloc 200 "$B/gvm-bench-alloc"
 PYTORCH_CUDA_ALLOC_CONF=$EXPANDABLE bench alloc-expandable 100 "$B/gvm-bench-alloc" \
