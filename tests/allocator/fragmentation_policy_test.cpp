@@ -243,6 +243,38 @@ TEST_F(FragmentationPolicy, ASmallGrowthAtThePeakBesideALargeFreePoolReleasesFir
   EXPECT_TRUE(invariants());
 }
 
+// A block that must grow, carved at the head of a free block whose head is
+// unmapped, slides onto the free granules of a live chunk behind that head:
+// no release can return them while their chunk holds live data, and the head
+// would map new memory beside them (the synthetic side-stream trace's peak:
+// 48 MiB grew by 30 MiB beside a 48 MiB hole; docs/design-notes.md).
+TEST_F(FragmentationPolicy, AGrowthAtAnUnmappedHeadSlidesOntoALiveChunksFreeGranules) {
+  Allocator& a = make();
+  void* x = a.allocate(8 * kMiB, 0, nullptr);   // chunk A
+  void* y = a.allocate(24 * kMiB, 0, nullptr);  // chunk B, after A
+  a.deallocate(y, 24 * kMiB, 0, nullptr);
+  void* y1 = a.allocate(16 * kMiB, 0, nullptr);  // chunk B holds y1 and y2
+  void* y2 = a.allocate(8 * kMiB, 0, nullptr);
+  ASSERT_EQ(y1, y);
+  ASSERT_EQ(static_cast<char*>(y2), static_cast<char*>(y) + 16 * kMiB);
+  void* wall = a.allocate(2 * kMiB, 0, nullptr);
+  a.deallocate(x, 8 * kMiB, 0, nullptr);
+  a.trim(0);  // chunk A goes: 8 MiB of unmapped address space before chunk B
+  a.deallocate(y1, 16 * kMiB, 0, nullptr);  // one free block: 8 unmapped, 16 mapped
+  const DeviceStats before = stats();
+  ASSERT_EQ(before.reserved_bytes, 26 * kMiB);
+  // Best fit is that free block; at its head, 12 MiB would map 8 MiB anew.
+  void* z = a.allocate(12 * kMiB, 0, nullptr);
+  EXPECT_EQ(z, y1) << "placed on chunk B's free granules";
+  EXPECT_EQ(stats().reserved_bytes, before.reserved_bytes) << "no growth";
+  EXPECT_EQ(stats().chunks_mapped, before.chunks_mapped);
+  EXPECT_TRUE(invariants());
+  a.deallocate(z, 12 * kMiB, 0, nullptr);
+  a.deallocate(y2, 8 * kMiB, 0, nullptr);
+  a.deallocate(wall, 2 * kMiB, 0, nullptr);
+  EXPECT_TRUE(invariants());
+}
+
 // Empty spans a stream's cache keeps are given back before chunks are
 // released for a growth, so their granules can go back too.
 TEST_F(FragmentationPolicy, EmptySpansAreReclaimedBeforeAReleaseForGrowth) {
