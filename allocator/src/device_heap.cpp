@@ -113,11 +113,23 @@ Heap* DeviceHeap::existing_pool(std::uint64_t id) const {
 
 // ---------------------------------------------------------------- growth --
 
-std::size_t DeviceHeap::arena_cached_bytes() const {
-  std::size_t n = 0;
-  for (Heap* h : heaps())
-    if (h->kind() != Heap::Kind::scratch) n += h->cached_bytes();
-  return n;
+void DeviceHeap::release_for_growth(Heap& h, const GrowthPlan& plan) {
+  // Empty spans are cached memory too: back to their arenas first, so that
+  // their granules can go with the chunks.
+  if (plan.own_heap) {
+    h.reclaim_spans();
+  } else {
+    for (Heap* x : heaps()) x->reclaim_spans();
+  }
+  try {
+    if (plan.own_heap)
+      (void)h.release_cached(plan.release, false);
+    else  // the slack bound gives back arena memory only; the cap counts the
+          // scratch too (docs/design-notes.md)
+      (void)release_cached(plan.release, false, /*include_scratch=*/!plan.slack);
+  } catch (const vmm::DriverError&) {
+    if (!plan.slack) throw;
+  }
 }
 
 std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run>& runs,
@@ -128,21 +140,10 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
       static_cast<std::size_t>(std::max<std::int64_t>(0, live_total())) + requested;
   const GrowthPlan plan = policy_.plan(need, reserved(), budget_.peak(), live_after,
                                        static_cast<std::size_t>(peak_live_.load()), arena,
-                                       arena_cached_bytes());
+                                       arena ? h.cached_bytes() : 0);
   // During a capture nothing is released (a release fences: a host wait the
   // capture forbids); past the cap that is an out-of-memory that says so.
-  if (plan.release != 0 && !capture) {
-    // Empty spans are cached memory too: back to their arenas first, so
-    // that their granules can go with the chunks.
-    for (Heap* x : heaps()) x->reclaim_spans();
-    try {
-      // The slack bound gives back arena memory only; the cap counts the
-      // scratch too (docs/design-notes.md).
-      (void)release_cached(plan.release, false, /*include_scratch=*/!plan.slack);
-    } catch (const vmm::DriverError&) {
-      if (!plan.slack) throw;
-    }
-  }
+  if (plan.release != 0 && !capture) release_for_growth(h, plan);
   const std::size_t cap = policy_.cap();
   const std::size_t chunk = std::max(
       h.kind() == Heap::Kind::scratch ? config_.scratch_chunk_bytes : config_.max_chunk_bytes,
@@ -210,16 +211,9 @@ vmm::DevicePtr DeviceHeap::segment_for(Heap& h, std::size_t* bytes, std::size_t 
   // The same rules as the VMM path, by whole segments.
   const GrowthPlan plan = policy_.plan(need, reserved(), budget_.peak(), live_after,
                                        static_cast<std::size_t>(peak_live_.load()), arena,
-                                       arena_cached_bytes());
+                                       arena ? h.cached_bytes() : 0);
   const bool capture = capturing();
-  if (plan.release != 0 && !capture) {
-    for (Heap* x : heaps()) x->reclaim_spans();
-    try {
-      (void)release_cached(plan.release, false, !plan.slack);
-    } catch (const vmm::DriverError&) {
-      if (!plan.slack) throw;
-    }
-  }
+  if (plan.release != 0 && !capture) release_for_growth(h, plan);
   const std::size_t cap = policy_.cap();
   transit(static_cast<std::int64_t>(need));  // until the heap adds the segment
   if (!budget_.charge(need, cap)) {

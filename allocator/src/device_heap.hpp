@@ -201,9 +201,9 @@ class DeviceHeap {
 
  private:
   Heap& add_heap(std::unique_ptr<Heap> h);
-  // The wholly free chunk bytes of every heap but the scratch (the growth
-  // policy's idle pool).
-  std::size_t arena_cached_bytes() const;
+  // The release a growth of h plans first: h's own chunks or the device's
+  // (GrowthPlan::own_heap). Throws DriverError for a cap release that failed.
+  void release_for_growth(Heap& h, const GrowthPlan& plan);
   // deallocate in the page map's entry of addr's granule (found already).
   bool deallocate_in(const PageEntry& e, std::uintptr_t addr, std::size_t bytes,
                      vmm::StreamHandle stream, bool own_stream, std::size_t* requested);

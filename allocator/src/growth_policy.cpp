@@ -42,13 +42,14 @@ GrowthPlan GrowthPolicy::plan(std::size_t need, std::size_t reserved, std::size_
     // workload: 42k chunk maps in 2M operations).
     const double peak = static_cast<double>(std::max(live_after, peak_live));
     const auto bound = static_cast<std::size_t>(peak * (1.0 + config_.reserve_slack));
+    const bool large = need * kReleaseGrowthFraction >= reserved && need >= kReleaseGrowthMinBytes;
     if (reserved + need > bound && raises_peak(need, reserved, peak_reserved) &&
-        ((need * kReleaseGrowthFraction >= reserved && need >= kReleaseGrowthMinBytes) ||
-         cached >= kIdlePoolFactor * need)) {
+        (large || cached >= kIdlePoolFactor * need)) {
       const std::size_t want = reserved + need - bound;
       if (want > p.release) {
         p.release = want;
         p.slack = true;
+        p.own_heap = !large;
       }
     }
   }

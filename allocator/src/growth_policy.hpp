@@ -40,6 +40,8 @@ class DeviceBudget {
 struct GrowthPlan {
   std::size_t release = 0;  // cached bytes to give back before growing
   bool slack = false;       // the release is for the slack bound (best effort)
+  // Only the growing heap's own chunks go (kIdlePoolFactor's release).
+  bool own_heap = false;
 };
 
 class GrowthPolicy {
@@ -74,7 +76,16 @@ class GrowthPolicy {
   // the synthetic mixed trace 1.226 -> 1.198 (1,812 -> 2,387 driver calls),
   // the other traces unchanged; the same at 4 and 8, GPT-2 1.032 at 32 and
   // 1.021 at 64 (docs/design-notes.md, "Fragmentation"). A fragmented steady
-  // state (the floor's reason) holds few wholly free chunks.
+  // state (the floor's reason) holds few wholly free chunks. The pool is the
+  // growing heap's own, and so is what goes: its best fit passed over that
+  // pool, where other streams' idle chunks are their headroom. Counted over
+  // every heap, 8 and 16 threads on their own streams (the floor's workload,
+  // one stream each) released each other's headroom at every new peak, and
+  // the heaps then took memory from each other, a stream wait each time:
+  // 10,600-32,800 driver calls per million operations on an H200 and 31 and
+  // 25-27 M operations/s, no more than one thread's 27-35. Own chunks only:
+  // 33-41 and 141-208 calls, 159-172 and 249-292 M/s (side by side,
+  // docs/design-notes.md "Known limits"); the traces' ratios did not move.
   static constexpr std::size_t kIdlePoolFactor = 16;
 
   GrowthPolicy(const Config& config, std::size_t device_memory) noexcept
@@ -87,7 +98,7 @@ class GrowthPolicy {
   // and `peak_live` the peak so far; `arena`:
   // the slack rule applies (not to the scratch, whose chunks carry peer
   // grants that cost ~1 ms per 64 MiB to make again, docs/measurements.md);
-  // `cached`: the arenas' wholly free chunk bytes (kIdlePoolFactor).
+  // `cached`: the growing heap's wholly free chunk bytes (kIdlePoolFactor).
   GrowthPlan plan(std::size_t need, std::size_t reserved, std::size_t peak_reserved,
                   std::size_t live_after, std::size_t peak_live, bool arena,
                   std::size_t cached = 0) const noexcept;

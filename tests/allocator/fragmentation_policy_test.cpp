@@ -275,6 +275,35 @@ TEST_F(FragmentationPolicy, AGrowthAtAnUnmappedHeadSlidesOntoALiveChunksFreeGran
   EXPECT_TRUE(invariants());
 }
 
+// Rule 5 weighs the growing heap's own idle chunks, and releases those: other
+// streams' idle chunks are their headroom. 24 pieces of 4 MiB, wholly free,
+// 16 times a growth of 6 MiB, on a second stream (in pieces too small to
+// steal): the first stream grows without a release and the pieces stay. On
+// the growing stream itself they go first (the test above).
+TEST_F(FragmentationPolicy, ASmallGrowthLeavesAnotherStreamsIdleChunksAlone) {
+  Config c;
+  c.reserve_slack = 0.0;
+  c.max_chunk_bytes = 2 * kMiB;
+  Allocator& a = make(c);
+  const StreamHandle t = new_stream();
+  std::vector<void*> pieces, walls;
+  for (int i = 0; i < 24; ++i) {
+    pieces.push_back(a.allocate(4 * kMiB, 0, t));
+    walls.push_back(a.allocate(2 * kMiB, 0, t));
+  }
+  for (void* p : pieces) a.deallocate(p, 4 * kMiB, 0, t);
+  const DeviceStats before = stats();
+  ASSERT_EQ(before.peak_reserved_bytes, before.reserved_bytes);
+  void* y = a.allocate(6 * kMiB, 0, nullptr);  // a growth of three granules at a new peak
+  EXPECT_EQ(stats().fences, before.fences) << "no release for another stream's idle chunks";
+  EXPECT_EQ(stats().chunks_unmapped, before.chunks_unmapped);
+  EXPECT_EQ(stats().reserved_bytes, before.reserved_bytes + 6 * kMiB);
+  EXPECT_TRUE(invariants());
+  a.deallocate(y, 6 * kMiB, 0, nullptr);
+  for (void* w : walls) a.deallocate(w, 2 * kMiB, 0, t);
+  EXPECT_TRUE(invariants());
+}
+
 // Empty spans a stream's cache keeps are given back before chunks are
 // released for a growth, so their granules can go back too.
 TEST_F(FragmentationPolicy, EmptySpansAreReclaimedBeforeAReleaseForGrowth) {
@@ -411,8 +440,7 @@ TEST_F(DeferredMerge, AFreedBlockIsNotLiveWhileItsMergeWaits) {
 
 // The freed block whose merge waits stays counted on its chunks (a pair
 // neither uncounts nor counts it again): the chunks under it alone are still
-// wholly free to a trim, and to rule 5's count of idle chunks when another
-// stream's growth asks.
+// wholly free to a trim.
 TEST_F(DeferredMerge, AChunkUnderTheUnmergedBlockAloneIsReleasedByATrim) {
   Config c;
   c.max_chunk_bytes = 2 * kMiB;
@@ -431,38 +459,6 @@ TEST_F(DeferredMerge, AChunkUnderTheUnmergedBlockAloneIsReleasedByATrim) {
   EXPECT_TRUE(invariants());
   a.deallocate(again, 64 * kMiB, 0, s);
   a.deallocate(keep, 8 * kMiB, 0, s);
-  EXPECT_TRUE(invariants());
-}
-
-TEST_F(DeferredMerge, AnotherStreamsUnmergedBlockCountsAsIdleChunksForAGrowth) {
-  // Rule 5 with the idle chunks on other streams, in pieces too small to
-  // steal: 23 pieces of 4 MiB on t and one on u, freed last there, its merge
-  // waiting (u has too little free memory for the growth to try a steal,
-  // which would merge it). 24 pieces are exactly 16 times a growth of 6 MiB,
-  // 23 are not.
-  Config c;
-  c.reserve_slack = 0.0;
-  c.max_chunk_bytes = 2 * kMiB;
-  Allocator& a = make(c);
-  const StreamHandle t = new_stream(), u = new_stream();
-  std::vector<void*> pieces, walls;
-  for (int i = 0; i < 23; ++i) {
-    pieces.push_back(a.allocate(4 * kMiB, 0, t));
-    walls.push_back(a.allocate(2 * kMiB, 0, t));
-  }
-  void* last = a.allocate(4 * kMiB, 0, u);
-  void* wall = a.allocate(2 * kMiB, 0, u);
-  for (void* p : pieces) a.deallocate(p, 4 * kMiB, 0, t);
-  a.deallocate(last, 4 * kMiB, 0, u);
-  const DeviceStats before = stats();
-  ASSERT_EQ(before.peak_reserved_bytes, before.reserved_bytes);
-  void* y = a.allocate(6 * kMiB, 0, nullptr);  // a growth of three granules at a new peak
-  EXPECT_EQ(stats().fences, before.fences + 1) << "idle chunks released first";
-  EXPECT_GT(stats().chunks_unmapped, before.chunks_unmapped);
-  EXPECT_TRUE(invariants());
-  a.deallocate(y, 6 * kMiB, 0, nullptr);
-  for (void* w : walls) a.deallocate(w, 2 * kMiB, 0, t);
-  a.deallocate(wall, 2 * kMiB, 0, u);
   EXPECT_TRUE(invariants());
 }
 
