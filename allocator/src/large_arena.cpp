@@ -281,9 +281,10 @@ bool LargeArena::deferred_is_best_fit(std::size_t size, const StreamState* taker
   // Merged with its free neighbours into M, the deferred block d would make
   // best fit pick M and carve this take at M's head - d's address - leaving
   // d's old neighbour as it was, when: d is this size and names only the
-  // taker's work (M is the taker's own, found first in its bin), its
-  // predecessor does not merge with it (M starts at d), and no other free
-  // block lies in a bin from this size's up to M's (best fit would take it).
+  // taker's work, its predecessor does not merge with it (M starts at d),
+  // and no other free block lies in a bin from this size's up to M's, M's
+  // own included (best fit would take one below M's bin, and in M's bin a
+  // block freed after d - ahead of M in the bin - that the taker used last).
   // The result is then the eager path's, block for block: the trace
   // replays' figures do not move.
   const Block* d = deferred_;  // its size and sole stream: checked by reuse_deferred
@@ -291,7 +292,7 @@ bool LargeArena::deferred_is_best_fit(std::size_t size, const StreamState* taker
   const Block* n = d->next;
   if (n != nullptr && !(n->free && mergeable(d->waits, n->waits))) n = nullptr;
   const int merged_bin = FreeBins::bin_of(size + (n != nullptr ? n->size : 0));
-  for (int bin = free_.next_bin(FreeBins::bin_of(size)); bin < merged_bin;
+  for (int bin = free_.next_bin(FreeBins::bin_of(size)); bin <= merged_bin;
        bin = free_.next_bin(bin + 1)) {
     const Block* h = free_.head(bin);  // d is in no bin
     if (h != n || h->bin_next != nullptr) return false;
