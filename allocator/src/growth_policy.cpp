@@ -35,6 +35,7 @@ GrowthPlan GrowthPolicy::plan(std::size_t need, std::size_t reserved, std::size_
                               bool arena, std::size_t cached) const noexcept {
   GrowthPlan p;
   if (const std::size_t c = cap(); c != 0 && reserved + need > c) p.release = reserved + need - c;
+  const std::size_t for_cap = p.release;
   if (arena && config_.reserve_slack >= 0.0) {
     // The bound follows the peak of live bytes, not the current live bytes:
     // a workload whose live bytes swing below their peak would otherwise
@@ -49,7 +50,8 @@ GrowthPlan GrowthPolicy::plan(std::size_t need, std::size_t reserved, std::size_
       if (want > p.release) {
         p.release = want;
         p.slack = true;
-        p.own_heap = !large;
+        // The cap's release may need every heap's chunks.
+        p.own_heap = !large && for_cap == 0;
       }
     }
   }

@@ -304,6 +304,43 @@ TEST_F(FragmentationPolicy, ASmallGrowthLeavesAnotherStreamsIdleChunksAlone) {
   EXPECT_TRUE(invariants());
 }
 
+// ... but a growth past the reserved-bytes cap still releases across the
+// device before it grows: the growing heap's own idle chunks (96 MiB) are not
+// enough to get under a cap lowered at run time (without the other stream's
+// the growth fails first and succeeds only on the out-of-memory retry).
+TEST_F(FragmentationPolicy, AGrowthPastTheCapReleasesOtherStreamsIdleChunksToo) {
+  Config c;
+  c.reserve_slack = 0.0;
+  c.max_chunk_bytes = 2 * kMiB;
+  Allocator& a = make(c);
+  const StreamHandle t = new_stream();
+  std::vector<void*> pieces, walls;
+  for (StreamHandle s : {static_cast<StreamHandle>(nullptr), t}) {
+    for (int i = 0; i < 24; ++i) {
+      pieces.push_back(a.allocate(4 * kMiB, 0, s));
+      walls.push_back(a.allocate(2 * kMiB, 0, s));
+    }
+  }
+  for (std::size_t i = 0; i < pieces.size(); ++i) a.deallocate(pieces[i], 4 * kMiB, 0, i < 24 ? nullptr : t);
+  // The peak of live bytes from now on: the slack bound (the walls, 96 MiB)
+  // asks for more than the cap does.
+  a.reset_peak_stats(0);
+  const DeviceStats before = stats();
+  ASSERT_EQ(before.peak_reserved_bytes, before.reserved_bytes);
+  // 120 MiB under what is reserved: the 6 MiB growth must release 126 MiB
+  // for the cap, 198 for the slack bound.
+  const std::size_t cap = before.reserved_bytes - 120 * kMiB;
+  a.set_memory_fraction(0, static_cast<double>(cap) / static_cast<double>(a.caps(0).total_memory));
+  void* y = nullptr;
+  EXPECT_NO_THROW(y = a.allocate(6 * kMiB, 0, nullptr));
+  EXPECT_LE(stats().reserved_bytes, cap);
+  EXPECT_EQ(stats().oom_retries, before.oom_retries) << "released before the growth, not after a failure";
+  EXPECT_TRUE(invariants());
+  if (y != nullptr) a.deallocate(y, 6 * kMiB, 0, nullptr);
+  for (std::size_t i = 0; i < walls.size(); ++i) a.deallocate(walls[i], 2 * kMiB, 0, i < 24 ? nullptr : t);
+  EXPECT_TRUE(invariants());
+}
+
 // Empty spans a stream's cache keeps are given back before chunks are
 // released for a growth, so their granules can go back too.
 TEST_F(FragmentationPolicy, EmptySpansAreReclaimedBeforeAReleaseForGrowth) {
