@@ -113,6 +113,13 @@ Heap* DeviceHeap::existing_pool(std::uint64_t id) const {
 
 // ---------------------------------------------------------------- growth --
 
+std::size_t DeviceHeap::idle_for_growth(const Heap& h) const {
+  // A private pool's free memory is its graphs' (release_cached): it is no
+  // idle pool to release for a growth.
+  if (h.kind() == Heap::Kind::scratch || (h.kind() == Heap::Kind::pool && !h.released())) return 0;
+  return h.cached_bytes();
+}
+
 void DeviceHeap::release_for_growth(Heap& h, const GrowthPlan& plan) {
   // Empty spans are cached memory too: back to their arenas first, so that
   // their granules can go with the chunks.
@@ -122,11 +129,12 @@ void DeviceHeap::release_for_growth(Heap& h, const GrowthPlan& plan) {
     for (Heap* x : heaps()) x->reclaim_spans();
   }
   try {
-    if (plan.own_heap)
-      (void)h.release_cached(plan.release, false);
-    else  // the slack bound gives back arena memory only; the cap counts the
-          // scratch too (docs/design-notes.md)
+    if (plan.own_heap) {
+      if (idle_for_growth(h) != 0) (void)h.release_cached(plan.release, false);
+    } else {  // the slack bound gives back arena memory only; the cap counts
+              // the scratch too (docs/design-notes.md)
       (void)release_cached(plan.release, false, /*include_scratch=*/!plan.slack);
+    }
   } catch (const vmm::DriverError&) {
     if (!plan.slack) throw;
   }
@@ -140,7 +148,7 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
       static_cast<std::size_t>(std::max<std::int64_t>(0, live_total())) + requested;
   const GrowthPlan plan = policy_.plan(need, reserved(), budget_.peak(), live_after,
                                        static_cast<std::size_t>(peak_live_.load()), arena,
-                                       arena ? h.cached_bytes() : 0);
+                                       idle_for_growth(h));
   // During a capture nothing is released (a release fences: a host wait the
   // capture forbids); past the cap that is an out-of-memory that says so.
   if (plan.release != 0 && !capture) release_for_growth(h, plan);
@@ -211,7 +219,7 @@ vmm::DevicePtr DeviceHeap::segment_for(Heap& h, std::size_t* bytes, std::size_t 
   // The same rules as the VMM path, by whole segments.
   const GrowthPlan plan = policy_.plan(need, reserved(), budget_.peak(), live_after,
                                        static_cast<std::size_t>(peak_live_.load()), arena,
-                                       arena ? h.cached_bytes() : 0);
+                                       idle_for_growth(h));
   const bool capture = capturing();
   if (plan.release != 0 && !capture) release_for_growth(h, plan);
   const std::size_t cap = policy_.cap();

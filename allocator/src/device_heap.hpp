@@ -204,6 +204,9 @@ class DeviceHeap {
   // The release a growth of h plans first: h's own chunks or the device's
   // (GrowthPlan::own_heap). Throws DriverError for a cap release that failed.
   void release_for_growth(Heap& h, const GrowthPlan& plan);
+  // h's wholly free chunk bytes that a growth of h may release (rule 5):
+  // none for the scratch or a private pool still in use.
+  std::size_t idle_for_growth(const Heap& h) const;
   // deallocate in the page map's entry of addr's granule (found already).
   bool deallocate_in(const PageEntry& e, std::uintptr_t addr, std::size_t bytes,
                      vmm::StreamHandle stream, bool own_stream, std::size_t* requested);

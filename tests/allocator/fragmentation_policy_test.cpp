@@ -304,6 +304,33 @@ TEST_F(FragmentationPolicy, ASmallGrowthLeavesAnotherStreamsIdleChunksAlone) {
   EXPECT_TRUE(invariants());
 }
 
+// A private pool's free memory is its graphs' (a replay writes where the
+// capture freed): no idle pool for rule 5, whose release would take it.
+TEST_F(FragmentationPolicy, ASmallGrowthInAPoolKeepsThePoolsFreeChunks) {
+  Config c;
+  c.reserve_slack = 0.0;
+  c.max_chunk_bytes = 2 * kMiB;
+  Allocator& a = make(c);
+  const StreamHandle s = new_stream();
+  const PoolId pool = a.create_pool(0);
+  std::vector<void*> pieces, walls;
+  for (int i = 0; i < 24; ++i) {
+    pieces.push_back(a.allocate(4 * kMiB, 0, s, pool));
+    walls.push_back(a.allocate(2 * kMiB, 0, s, pool));
+  }
+  for (void* p : pieces) a.deallocate(p, 4 * kMiB, 0, s);
+  const DeviceStats before = stats();
+  ASSERT_EQ(before.peak_reserved_bytes, before.reserved_bytes);
+  void* y = a.allocate(6 * kMiB, 0, s, pool);  // a growth of three granules at a new peak
+  EXPECT_EQ(stats().fences, before.fences) << "the pool's free chunks stay";
+  EXPECT_EQ(stats().chunks_unmapped, before.chunks_unmapped);
+  EXPECT_TRUE(invariants());
+  a.deallocate(y, 6 * kMiB, 0, s);
+  for (void* w : walls) a.deallocate(w, 2 * kMiB, 0, s);
+  a.release_pool(pool);
+  EXPECT_TRUE(invariants());
+}
+
 // ... but a growth past the reserved-bytes cap still releases across the
 // device before it grows: the growing heap's own idle chunks (96 MiB) are not
 // enough to get under a cap lowered at run time (without the other stream's
