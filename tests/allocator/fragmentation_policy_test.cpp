@@ -275,23 +275,47 @@ TEST_F(FragmentationPolicy, AGrowthAtAnUnmappedHeadSlidesOntoALiveChunksFreeGran
   EXPECT_TRUE(invariants());
 }
 
-// Rule 5 weighs the growing heap's own idle chunks, and releases those: other
-// streams' idle chunks are their headroom. 24 pieces of 4 MiB, wholly free,
-// 16 times a growth of 6 MiB, on a second stream (in pieces too small to
-// steal): the first stream grows without a release and the pieces stay. On
-// the growing stream itself they go first (the test above).
-TEST_F(FragmentationPolicy, ASmallGrowthLeavesAnotherStreamsIdleChunksAlone) {
+// An idle pool for rule 5 on a stream (in a pool if not 0): 24 pieces of 4
+// MiB between live walls of 2 MiB; freed (free_pieces), they are wholly free
+// chunks too small for a growth of 6 MiB to steal, and 16 times that growth.
+struct IdlePool {
+  StreamHandle stream = nullptr;
+  std::vector<void*> pieces, walls;
+};
+
+IdlePool idle_pool(Allocator& a, StreamHandle stream, PoolId pool = 0) {
+  IdlePool p{stream, {}, {}};
+  for (int i = 0; i < 24; ++i) {
+    p.pieces.push_back(a.allocate(4 * kMiB, 0, stream, pool));
+    p.walls.push_back(a.allocate(2 * kMiB, 0, stream, pool));
+  }
+  return p;
+}
+
+void free_pieces(Allocator& a, const IdlePool& p) {
+  for (void* x : p.pieces) a.deallocate(x, 4 * kMiB, 0, p.stream);
+}
+
+void free_walls(Allocator& a, const IdlePool& p) {
+  for (void* x : p.walls) a.deallocate(x, 2 * kMiB, 0, p.stream);
+}
+
+Config exact_granules() {
   Config c;
   c.reserve_slack = 0.0;
-  c.max_chunk_bytes = 2 * kMiB;
-  Allocator& a = make(c);
+  c.max_chunk_bytes = 2 * kMiB;  // every chunk one granule
+  return c;
+}
+
+// Rule 5 weighs the growing heap's own idle chunks, and releases those: other
+// streams' idle chunks are their headroom. The idle pool on a second stream:
+// the first stream grows without a release and the pieces stay. On the
+// growing stream itself they go first (the test above).
+TEST_F(FragmentationPolicy, ASmallGrowthLeavesAnotherStreamsIdleChunksAlone) {
+  Allocator& a = make(exact_granules());
   const StreamHandle t = new_stream();
-  std::vector<void*> pieces, walls;
-  for (int i = 0; i < 24; ++i) {
-    pieces.push_back(a.allocate(4 * kMiB, 0, t));
-    walls.push_back(a.allocate(2 * kMiB, 0, t));
-  }
-  for (void* p : pieces) a.deallocate(p, 4 * kMiB, 0, t);
+  const IdlePool idle = idle_pool(a, t);
+  free_pieces(a, idle);
   const DeviceStats before = stats();
   ASSERT_EQ(before.peak_reserved_bytes, before.reserved_bytes);
   void* y = a.allocate(6 * kMiB, 0, nullptr);  // a growth of three granules at a new peak
@@ -300,55 +324,20 @@ TEST_F(FragmentationPolicy, ASmallGrowthLeavesAnotherStreamsIdleChunksAlone) {
   EXPECT_EQ(stats().reserved_bytes, before.reserved_bytes + 6 * kMiB);
   EXPECT_TRUE(invariants());
   a.deallocate(y, 6 * kMiB, 0, nullptr);
-  for (void* w : walls) a.deallocate(w, 2 * kMiB, 0, t);
-  EXPECT_TRUE(invariants());
-}
-
-// A private pool's free memory is its graphs' (a replay writes where the
-// capture freed): no idle pool for rule 5, whose release would take it.
-TEST_F(FragmentationPolicy, ASmallGrowthInAPoolKeepsThePoolsFreeChunks) {
-  Config c;
-  c.reserve_slack = 0.0;
-  c.max_chunk_bytes = 2 * kMiB;
-  Allocator& a = make(c);
-  const StreamHandle s = new_stream();
-  const PoolId pool = a.create_pool(0);
-  std::vector<void*> pieces, walls;
-  for (int i = 0; i < 24; ++i) {
-    pieces.push_back(a.allocate(4 * kMiB, 0, s, pool));
-    walls.push_back(a.allocate(2 * kMiB, 0, s, pool));
-  }
-  for (void* p : pieces) a.deallocate(p, 4 * kMiB, 0, s);
-  const DeviceStats before = stats();
-  ASSERT_EQ(before.peak_reserved_bytes, before.reserved_bytes);
-  void* y = a.allocate(6 * kMiB, 0, s, pool);  // a growth of three granules at a new peak
-  EXPECT_EQ(stats().fences, before.fences) << "the pool's free chunks stay";
-  EXPECT_EQ(stats().chunks_unmapped, before.chunks_unmapped);
-  EXPECT_TRUE(invariants());
-  a.deallocate(y, 6 * kMiB, 0, s);
-  for (void* w : walls) a.deallocate(w, 2 * kMiB, 0, s);
-  a.release_pool(pool);
+  free_walls(a, idle);
   EXPECT_TRUE(invariants());
 }
 
 // ... but a growth past the reserved-bytes cap still releases across the
 // device before it grows: the growing heap's own idle chunks (96 MiB) are not
 // enough to get under a cap lowered at run time (without the other stream's
-// the growth fails first and succeeds only on the out-of-memory retry).
+// the growth failed: out of memory with 96 MiB cached).
 TEST_F(FragmentationPolicy, AGrowthPastTheCapReleasesOtherStreamsIdleChunksToo) {
-  Config c;
-  c.reserve_slack = 0.0;
-  c.max_chunk_bytes = 2 * kMiB;
-  Allocator& a = make(c);
+  Allocator& a = make(exact_granules());
   const StreamHandle t = new_stream();
-  std::vector<void*> pieces, walls;
-  for (StreamHandle s : {static_cast<StreamHandle>(nullptr), t}) {
-    for (int i = 0; i < 24; ++i) {
-      pieces.push_back(a.allocate(4 * kMiB, 0, s));
-      walls.push_back(a.allocate(2 * kMiB, 0, s));
-    }
-  }
-  for (std::size_t i = 0; i < pieces.size(); ++i) a.deallocate(pieces[i], 4 * kMiB, 0, i < 24 ? nullptr : t);
+  const IdlePool own = idle_pool(a, nullptr), other = idle_pool(a, t);
+  free_pieces(a, own);
+  free_pieces(a, other);
   // The peak of live bytes from now on: the slack bound (the walls, 96 MiB)
   // asks for more than the cap does.
   a.reset_peak_stats(0);
@@ -364,7 +353,28 @@ TEST_F(FragmentationPolicy, AGrowthPastTheCapReleasesOtherStreamsIdleChunksToo) 
   EXPECT_EQ(stats().oom_retries, before.oom_retries) << "released before the growth, not after a failure";
   EXPECT_TRUE(invariants());
   if (y != nullptr) a.deallocate(y, 6 * kMiB, 0, nullptr);
-  for (std::size_t i = 0; i < walls.size(); ++i) a.deallocate(walls[i], 2 * kMiB, 0, i < 24 ? nullptr : t);
+  free_walls(a, own);
+  free_walls(a, other);
+  EXPECT_TRUE(invariants());
+}
+
+// A private pool's free memory is its graphs' (a replay writes where the
+// capture freed): no idle pool for rule 5, whose release would take it.
+TEST_F(FragmentationPolicy, ASmallGrowthInAPoolKeepsThePoolsFreeChunks) {
+  Allocator& a = make(exact_granules());
+  const StreamHandle s = new_stream();
+  const PoolId pool = a.create_pool(0);
+  const IdlePool idle = idle_pool(a, s, pool);
+  free_pieces(a, idle);
+  const DeviceStats before = stats();
+  ASSERT_EQ(before.peak_reserved_bytes, before.reserved_bytes);
+  void* y = a.allocate(6 * kMiB, 0, s, pool);  // a growth of three granules at a new peak
+  EXPECT_EQ(stats().fences, before.fences) << "the pool's free chunks stay";
+  EXPECT_EQ(stats().chunks_unmapped, before.chunks_unmapped);
+  EXPECT_TRUE(invariants());
+  a.deallocate(y, 6 * kMiB, 0, s);
+  free_walls(a, idle);
+  a.release_pool(pool);
   EXPECT_TRUE(invariants());
 }
 
