@@ -206,7 +206,19 @@ bool Heap::learn_finished() {
   return true;
 }
 
-void* Heap::allocate_large_once(std::size_t bytes, StreamState& user, bool first_try) {
+bool Heap::unused_spans_before_peak(const Block* b) {
+  if (device_.capturing()) return false;  // a capture's growth comes from its pool
+  std::size_t need = 0;
+  {
+    std::lock_guard<SpinLock> guard(lock_);
+    if (small_.unused_spans().empty()) return false;
+    for (const auto& r : arena_.unmapped_runs(b)) need += r.second;
+  }
+  return device_.growth_raises_peak(need) && reclaim_spans() != 0;
+}
+
+void* Heap::allocate_large_once(std::size_t bytes, StreamState& user, bool first_try,
+                                bool reclaim) {
   const std::size_t size = round_up(bytes, kBlockAlignment);
   Block* b = nullptr;
   WaitSet waits;  // what the memory's last users left for `user` to wait for
@@ -263,11 +275,19 @@ void* Heap::allocate_large_once(std::size_t bytes, StreamState& user, bool first
     b->waits = waits;
     arena_.give_back(b);
   };
+  if (!mapped && reclaim && unused_spans_before_peak(b)) {
+    // As for a span's granule (new_span): a growth that would raise the
+    // device's peak of reserved bytes first gives this heap's unused spans'
+    // granules back to the arena - mapped memory held for classes that no
+    // longer use it - and the fit is made again among them.
+    undo();
+    return allocate_large_once(bytes, user, first_try, false);
+  }
   if (!mapped && first_try && learn_finished()) {
     // Free memory that streams' tokens kept in pieces may merge now that
     // their work is known finished: once more before growing.
     undo();
-    return allocate_large_once(bytes, user, false);
+    return allocate_large_once(bytes, user, false, reclaim);
   }
   if (!mapped) {
     // Before growing: mapped free memory of another stream's heap.

@@ -241,7 +241,13 @@ class Heap {
   void device_release_above_threshold() noexcept;
   // first_try: before growing it may learn which streams' work finished and
   // take again (once).
-  void* allocate_large_once(std::size_t bytes, StreamState& user, bool first_try = true);
+  // first_try: learn_finished may still be asked; reclaim: unused spans may
+  // still be given back (unused_spans_before_peak). Each is tried once.
+  void* allocate_large_once(std::size_t bytes, StreamState& user, bool first_try = true,
+                            bool reclaim = true);
+  // This heap has unused spans and mapping what b lacks would raise the
+  // device's peak of reserved bytes: the spans go back to the arena (true).
+  bool unused_spans_before_peak(const Block* b);
   // Before a growth: if free neighbours are kept apart by tokens, asks the
   // driver which streams' work finished (AccessTracker::poll, lock_
   // released) and, if any did, lets the arena merge them. True: take again.

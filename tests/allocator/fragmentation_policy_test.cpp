@@ -431,6 +431,43 @@ TEST_F(FragmentationPolicy, ANewSpanAtThePeakReusesAnUnusedSpansGranule) {
   EXPECT_TRUE(invariants());
 }
 
+// The same for a large block: a growth at the peak (one granule here, far
+// below the release floor) first gives the heap's unused spans back to the
+// arena, and the block takes their granules instead of mapping more.
+TEST_F(FragmentationPolicy, ALargeBlockAtThePeakTakesUnusedSpansGranules) {
+  Config c;
+  c.span_warmup_allocations = 0;
+  c.max_chunk_bytes = 2 * kMiB;  // a chunk per granule: growth one granule at a time
+  Allocator& a = make(c);
+  // Two classes' spans, side by side at the arena's start, both emptied:
+  // each class keeps its span.
+  void* p = a.allocate(512 * 1024, 0, nullptr);
+  void* q = a.allocate(256 * 1024, 0, nullptr);
+  a.deallocate(p, 512 * 1024, 0, nullptr);
+  a.deallocate(q, 256 * 1024, 0, nullptr);
+  const std::size_t reserved = stats().reserved_bytes;
+  const std::uint64_t mapped = stats().chunks_mapped;
+  ASSERT_EQ(reserved, 4 * kMiB);
+  ASSERT_EQ(stats().peak_reserved_bytes, reserved);
+  void* big = a.allocate(3 * kMiB, 0, nullptr);  // above small_max: the arena's
+  const auto map = a.memory_map(0);
+  ASSERT_NE(block_at(map, big), nullptr);
+  EXPECT_FALSE(block_at(map, big)->small);
+  EXPECT_EQ(stats().reserved_bytes, reserved) << "the unused spans' granules were not reused";
+  EXPECT_EQ(stats().chunks_mapped, mapped);
+  EXPECT_EQ(stats().peak_reserved_bytes, reserved);
+  EXPECT_EQ(stats().fences, 0u);
+  EXPECT_TRUE(invariants());
+  // A span in use stays: then the block grows.
+  a.deallocate(big, 3 * kMiB, 0, nullptr);
+  void* r = a.allocate(512 * 1024, 0, nullptr);  // a span again (its old one went back)
+  void* big2 = a.allocate(3 * kMiB, 0, nullptr);
+  EXPECT_GT(stats().reserved_bytes, reserved);
+  a.deallocate(r, 512 * 1024, 0, nullptr);
+  a.deallocate(big2, 3 * kMiB, 0, nullptr);
+  EXPECT_TRUE(invariants());
+}
+
 // A large block freed by its stream has its merge deferred, and the next
 // allocation of exactly its size on that stream gets it back at once
 // (LargeArena::reuse_deferred) - only where a merge and the best fit would
