@@ -304,21 +304,6 @@ bool LargeArena::deferred_is_best_fit(std::size_t size, const StreamState* taker
   return true;
 }
 
-void LargeArena::give_back_deferred(Block* b) {
-  // Still counted on its chunks: uncounted when it merges (erase_free), so
-  // a pair that takes it back neither uncounts nor counts it.
-  settle();
-  b->free = true;
-  b->releasing = false;
-  b->pending = false;
-  b->span = nullptr;
-  b->stream = nullptr;
-  // In no bin: the free set's changes (free_changes_) stay as they were,
-  // and a take settles it first. Still linked at its start (find_start
-  // skips free blocks).
-  deferred_ = b;
-}
-
 void LargeArena::absorb_next(Block* b) {
   Block* n = b->next;
   if (n->in_bins || n == deferred_) erase_free(n);  // a block being given back is not yet in
