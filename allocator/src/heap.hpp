@@ -239,10 +239,9 @@ class Heap {
   // DeviceHeap::maybe_release_above_threshold (device_heap.hpp is not
   // included here).
   void device_release_above_threshold() noexcept;
-  // first_try: before growing it may learn which streams' work finished and
-  // take again (once).
-  // first_try: learn_finished may still be asked; reclaim: unused spans may
-  // still be given back (unused_spans_before_peak). Each is tried once.
+  // Before growing it may take again, once for each: after learning which
+  // streams' work finished (first_try: learn_finished may still be asked),
+  // and after giving unused spans back (reclaim: unused_spans_before_peak).
   void* allocate_large_once(std::size_t bytes, StreamState& user, bool first_try = true,
                             bool reclaim = true);
   // This heap has unused spans and mapping what b lacks would raise the
