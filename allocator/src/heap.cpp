@@ -207,7 +207,8 @@ bool Heap::learn_finished() {
 }
 
 bool Heap::unused_spans_before_peak(const Block* b) {
-  if (device_.capturing()) return false;  // a capture's growth comes from its pool
+  // No driver call and no wait: a span without live slots is mapped free
+  // memory of this heap, as a free block is (a capture may take it too).
   std::size_t need = 0;
   {
     std::lock_guard<SpinLock> guard(lock_);
@@ -276,10 +277,10 @@ void* Heap::allocate_large_once(std::size_t bytes, StreamState& user, bool first
     arena_.give_back(b);
   };
   if (!mapped && reclaim && unused_spans_before_peak(b)) {
-    // As for a span's granule (new_span): a growth that would raise the
-    // device's peak of reserved bytes first gives this heap's unused spans'
-    // granules back to the arena - mapped memory held for classes that no
-    // longer use it - and the fit is made again among them.
+    // The rule of a span's granule (new_span) for a large block: a growth
+    // that would raise the device's peak of reserved bytes first gives this
+    // heap's unused spans' granules back to the arena - mapped memory held
+    // for classes that no longer use it - and the fit is made again.
     undo();
     return allocate_large_once(bytes, user, first_try, false);
   }
@@ -565,7 +566,7 @@ Span* Heap::new_span(int size_class, std::size_t bytes, std::uintptr_t* first, b
   // growth costs no peak memory, and a class whose span went back must make
   // a new one (BERT's trace: 1.102 -> 1.091 reserved per live byte, the other
   // traces unchanged; docs/design-notes.md, "Fragmentation").
-  if (!mapped && first_try && device_.growth_raises_peak(kGranule) && reclaim_spans() != 0) {
+  if (!mapped && first_try && unused_spans_before_peak(b)) {
     give_back();
     return new_span(size_class, bytes, first, false);
   }
