@@ -132,8 +132,17 @@ bench() {  # bench NAME LIMIT BINARY [ARGS...]
   # A warm-up before each benchmark's timed runs, for every allocator alike
   # (Google Benchmark 1.7 and later): the first benchmark of a binary no
   # longer pays for the host's clock ramp and first page faults.
-  local warm=()
-  "$bin" --help 2>/dev/null | grep -q benchmark_min_warmup_time && warm=(--benchmark_min_warmup_time=0.1)
+  local warm=() help
+  help=$("$bin" --help 2>/dev/null)
+  grep -q benchmark_min_warmup_time <<<"$help" && warm=(--benchmark_min_warmup_time=0.1)
+  # The repetitions of every benchmark in random order through the binary's
+  # run (Google Benchmark 1.6 and later), for every allocator alike: on a
+  # shared host a slow stretch of a few seconds otherwise lands on all the
+  # repetitions of whichever benchmarks ran then, and their medians with it
+  # (2026-12-02, one H200 host: the same binary's pair 20-24 ns in one
+  # minute, 30-46 ns in the next).
+  grep -q benchmark_enable_random_interleaving <<<"$help" &&
+    warm+=(--benchmark_enable_random_interleaving=true)
   step "$name" "$limit" "$bin" --benchmark_out="$RES/$name.json" --benchmark_out_format=json \
     "${ARGS[@]}" "${warm[@]}" --benchmark_min_time="$MIN_TIME" "$@"
 }
