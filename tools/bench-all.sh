@@ -75,7 +75,7 @@ B="$BUILD/bench"
 # --- the machine, for the report ----------------------------------------------------
 PY=$(command -v python3 || true)
 if [ -n "$PY" ]; then
-  "$PY" - "$RES/env.json" "$0 $*" "${ARGS[*]} --benchmark_min_time=$MIN_TIME" "$ROOT" <<'PY'
+  "$PY" - "$RES/env.json" "$0 $*" "${ARGS[*]} --benchmark_min_time=$MIN_TIME (and, where a binary has them, --benchmark_min_warmup_time=0.1 --benchmark_enable_random_interleaving=true)" "$ROOT" <<'PY'
 import json, os, platform, subprocess, sys, datetime
 def run(cmd):
     try:
