@@ -31,7 +31,9 @@ inside the program's process, the allocations per step, a torch.profiler table
 of the busiest operators with the self CPU time of the operators that allocate
 (where the allocator runs), the GPU's busy and idle time per profiled step, and
 for gvmalloc its driver calls by entry point.
-Prints two tables (the programs; where the time goes) and writes
+Prints the tables (the programs; with runs of several rounds - gvm,native,
+expandable,gvm#2,native#2,expandable#2 - each run against the native and the
+expandable run of its own round; where the time goes; the GPU's side) and writes
 torch-programs.{txt,json} into DIR (default $OUT, else ./torch-programs-out). A
 run that fails is reported and the others go on; exit status 1 if one failed.
 """
@@ -346,6 +348,60 @@ def compare(checks, reference):
     return "no (%d vs %d steps)" % (len(checks), len(reference))
 
 
+def split_round(allocator):
+    """("gvm", 2) for "gvm#2"; ("gvm", 1) for "gvm"."""
+    name, _, n = allocator.partition("#")
+    return name, int(n) if n.isdigit() else 1
+
+
+def rounds_table(runs):
+    """Per program with more than one round (a run named alloc#n is round n):
+    each allocator's step time against the native and the expandable run of
+    the same round. Between runs minutes apart the host moves a program's step
+    by more than the allocators do (docs/pytorch.md), so a verdict compares
+    runs of one round, never of two."""
+    lines = []
+    for program, rs in runs.items():
+        done = [r for r in rs if "error" not in r]
+        by_round = {}
+        for r in done:
+            name, n = split_round(r["allocator"])
+            by_round.setdefault(n, {})[name] = r
+        if len(by_round) < 2:
+            continue
+        if not lines:
+            lines = ["", "=== Rounds (a run named alloc#n is round n, the first of each allocator "
+                     "round 1): each run's median step ÷ that of the native and of the "
+                     "expandable run of its own round",
+                     "%-9s %-11s %6s  %-26s %-26s %s" % ("program", "allocator", "rounds",
+                                                         "vs native (each round)",
+                                                         "vs expandable (each round)",
+                                                         "rounds at or below both")]
+        names = []
+        for n in sorted(by_round):
+            names += [a for a in by_round[n] if a not in names]
+        for name in names:
+            vs_native, vs_expandable, both, rounds = [], [], 0, 0
+            for n in sorted(by_round):
+                r = by_round[n].get(name)
+                if r is None:
+                    continue
+                rounds += 1
+                ratios = []
+                for ref_name, out in (("native", vs_native), ("expandable", vs_expandable)):
+                    ref = by_round[n].get(ref_name)
+                    if ref is None:
+                        out.append("—")
+                        continue
+                    ratio = r["median_step_s"] / ref["median_step_s"]
+                    out.append("%.3f" % ratio)
+                    ratios.append(ratio)
+                both += 1 if len(ratios) == 2 and max(ratios) <= 1.0 else 0
+            lines.append("%-9s %-11s %6d  %-26s %-26s %d of %d" % (
+                program, name, rounds, " ".join(vs_native), " ".join(vs_expandable), both, rounds))
+    return lines
+
+
 def render(runs, seconds):
     """The tables (and the profiles) of {program: [run result, ...]}."""
     lines = ["", "=== PyTorch programs (%.0f s): native = PyTorch's allocator, expandable = with "
@@ -367,6 +423,7 @@ def render(runs, seconds):
                 program, r["allocator"], r["median_step_s"] * 1e3, unit, ratio_t, r["peak_reserved"] / MiB,
                 ratio_m, compare(r["checks"], ref["checks"] if ref else None),
                 "/".join("%.2f" % v for v in r["alloc_pair_us"].values())))
+    lines += rounds_table(runs)
     lines += ["", "=== Where the time goes, per step (CPU ms from torch.profiler over steps after "
               "the timed ones): alloc ops = the operators that allocate (%s; the allocator runs "
               "inside them); allocs x pair = allocations per step x the cost of a 4 KiB "

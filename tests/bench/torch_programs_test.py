@@ -116,6 +116,25 @@ def main(path):
         check("llama     native      not run" in text, "llama is reported as not run")
         check("run(s) not started" in text, "the count of runs not started")
 
+        # Two rounds: each run against the native and expandable runs of its own round
+        # (the fake runs: "gvm" 90 ms, every other name - gvm#2 too - 100 ms; round 2 has
+        # no expandable run).
+        rc, started, text = run(tp, ["--out", d, "--programs", "gpt2", "--allocators",
+                                     "gvm,native,expandable,gvm#2,native#2"], walls)
+        check(rc == 0, "two rounds run (exit %d)" % rc)
+        check("=== Rounds" in text, "the rounds table:\n" + text)
+        rounds = [l.split() for l in text.splitlines() if l.split()[-2:-1] == ["of"]]
+        row = [r for r in rounds if r[:2] == ["gpt2", "gvm"]]
+        check(row == [["gpt2", "gvm", "2", "0.900", "1.000", "0.900", "—", "1", "of", "2"]],
+              "gvm's rounds row: %s" % row)
+        row = [r for r in rounds if r[:2] == ["gpt2", "expandable"]]
+        check(row == [["gpt2", "expandable", "1", "1.000", "1.000", "1", "of", "1"]],
+              "expandable's rounds row: %s" % row)
+        check(tp.split_round("gvm#12") == ("gvm", 12) and tp.split_round("gvm-keep") == ("gvm-keep", 1),
+              "round names")
+        rc, started, text = run(tp, ["--out", d, "--programs", "gpt2"], walls)
+        check("=== Rounds" not in text, "one round: no rounds table")
+
         # A failed run: exit status 1, the others still run and are compared.
         rc, started, text = run(tp, ["--out", d, "--programs", "gpt2"], walls,
                                 fail={("gpt2", "gvm")})
