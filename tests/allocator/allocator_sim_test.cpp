@@ -936,5 +936,31 @@ TEST_F(SimAllocatorTest, StealWhoseWaitFailsLosesNothing) {
   EXPECT_EQ(sim().physical_used(0), 0u);
 }
 
+// Devices of different sizes: the allocation path compares a request with the
+// smallest device's memory first and with its own device's only past that, so
+// a request the larger device holds is no error there, and on the smaller one
+// it is out of memory at once, naming that device.
+TEST(SimAllocatorDevices, ARequestIsJudgedByItsOwnDevicesMemory) {
+  const vmm::DeviceProfile small = vmm::profile(vmm::Profile::t4);
+  const vmm::DeviceProfile large = vmm::profile(vmm::Profile::h200);
+  SimDriver sim({small, large});
+  Allocator a(sim, Config{});
+  const std::size_t between = small.memory_bytes + kGranule;
+  ASSERT_LT(between, large.memory_bytes);
+  void* p = a.allocate(between, 1, nullptr);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(a.device_stats(1).live_bytes, between);
+  a.deallocate(p, between, 1, nullptr);
+  try {
+    (void)a.allocate(between, 0, nullptr);
+    ADD_FAILURE() << "device 0 gave out more than it has";
+  } catch (const out_of_memory& e) {
+    EXPECT_NE(std::string(e.what()).find("device 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(small.name), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(a.device_stats(0).reserved_bytes, 0u) << "the refusal mapped memory";
+  EXPECT_EQ(a.device_stats(1).live_bytes, 0u);
+}
+
 }  // namespace
 }  // namespace gvm::test
