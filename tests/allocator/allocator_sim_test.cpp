@@ -936,10 +936,10 @@ TEST_F(SimAllocatorTest, StealWhoseWaitFailsLosesNothing) {
   EXPECT_EQ(sim().physical_used(0), 0u);
 }
 
-// Devices of different sizes: the allocation path compares a request with the
-// smallest device's memory first and with its own device's only past that, so
-// a request the larger device holds is no error there, and on the smaller one
-// it is out of memory at once, naming that device.
+// Devices of different sizes: a request is judged by its own device's memory,
+// so one the larger device holds is no error there, and on the smaller one it
+// is out of memory at once, naming that device (a check against any other
+// device's figure - the smallest, say, to save a load - fails here).
 TEST(SimAllocatorDevices, ARequestIsJudgedByItsOwnDevicesMemory) {
   const vmm::DeviceProfile small = vmm::profile(vmm::Profile::t4);
   const vmm::DeviceProfile large = vmm::profile(vmm::Profile::h200);
