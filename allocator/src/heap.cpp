@@ -31,23 +31,14 @@ std::string hex(std::uintptr_t p) {
 // trace's peak was such a growth: 48 MiB grew by 30 MiB beside a 48 MiB hole
 // (1.078 -> 1.039 reserved per live byte with this; the shipped and the other
 // traces unchanged, docs/design-notes.md "Fragmentation"). Only on the way to
-// a growth: the chunk lists and take_at's walk cost microseconds, the growth
-// tens to hundreds.
+// a growth: the chunks inside the free block (from the arena's address index)
+// and take_at's walk cost far less than the growth.
 Block* slide_onto_live_chunks(LargeArena& arena, Block* b, std::size_t size) {
   const Block* n = b->next;  // take() leaves the rest of the free block here
   if (n == nullptr || !n->free) return b;
   const std::uintptr_t lo = b->addr, hi = n->end();
-  std::vector<Run> idle;
-  for (const std::uint32_t c : arena.cached_chunks()) idle.emplace_back(arena.chunk_addr(c), arena.chunk_size(c));
-  std::sort(idle.begin(), idle.end());
-  std::vector<Run> live;  // mapped ranges of live chunks inside [lo, hi)
-  for (const Run& r : arena.chunk_ranges()) {
-    const std::uintptr_t s = std::max<std::uintptr_t>(r.first, lo);
-    const std::uintptr_t e = std::min<std::uintptr_t>(r.first + r.second, hi);
-    if (s < e && !std::binary_search(idle.begin(), idle.end(), r)) live.emplace_back(s, e - s);
-  }
+  const std::vector<Run> live = arena.live_chunk_runs(lo, hi);  // in address order
   if (live.empty()) return b;
-  std::sort(live.begin(), live.end());
   const std::uintptr_t at = live.front().first;
   if (at == lo || at + size > hi) return b;
   auto on_live = [&](std::uintptr_t p) {

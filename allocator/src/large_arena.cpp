@@ -64,12 +64,14 @@ void LargeArena::add_segment(vmm::DevicePtr base, std::size_t size) {
   Region& r = new_region(base, size);
   r.segment = base;
   const std::uint32_t idx = new_chunk_slot();
-  ChunkRec& c = chunks_[idx];
-  c.addr = base;
-  c.size = size;
-  c.in_use = true;
-  c.live = 0;
-  c.segment = &r;
+  change_chunk(idx, [&](ChunkRec& c) {
+    c.addr = base;
+    c.size = size;
+    c.in_use = true;
+    c.live = 0;
+    c.segment = &r;
+  });
+  by_addr_.emplace(base, idx);
   r.segment_chunk = idx + 1;
   set_granules(base, size, idx + 1, owner_);
   mapped_ += size;
@@ -96,10 +98,8 @@ std::size_t LargeArena::drop_unused_regions() {
   for (std::size_t i = regions_.size(); i-- > 1;) {
     Region* r = regions_[i].get();
     if (!(r->first->free && r->first->next == nullptr)) continue;
-    bool mapped = false;
-    for (const auto& c : chunks_)
-      if (c.in_use && c.addr - r->base < r->size) mapped = true;
-    if (mapped) continue;
+    const auto it = by_addr_.lower_bound(r->base);
+    if (it != by_addr_.end() && it->first - r->base < r->size) continue;  // a chunk mapped there
     remove_region(r);
     ++dropped;
   }
@@ -480,22 +480,22 @@ std::vector<Run> LargeArena::unmapped_runs(const Block* b) const {
 }
 
 void LargeArena::commit(const Block* b) {
-  for_each_chunk(b, [&](std::uint32_t c) { ++chunks_[c].live; });
+  for_each_chunk(b, [&](std::uint32_t c) { change_chunk(c, [](ChunkRec& r) { ++r.live; }); });
 }
 
 void LargeArena::uncommit(const Block* b) {
-  for_each_chunk(b, [&](std::uint32_t c) { --chunks_[c].live; });
+  for_each_chunk(b, [&](std::uint32_t c) { change_chunk(c, [](ChunkRec& r) { --r.live; }); });
 }
 
 void LargeArena::commit(const Block* b, std::vector<std::uint32_t>& counted) {
   for_each_chunk(b, [&](std::uint32_t c) {
-    ++chunks_[c].live;
+    change_chunk(c, [](ChunkRec& r) { ++r.live; });
     counted.push_back(c);
   });
 }
 
 void LargeArena::uncommit(const std::vector<std::uint32_t>& counted) {
-  for (std::uint32_t c : counted) --chunks_[c].live;
+  for (std::uint32_t c : counted) change_chunk(c, [](ChunkRec& r) { --r.live; });
 }
 
 // ----------------------------------------------------------------- chunks --
@@ -521,13 +521,16 @@ void LargeArena::set_granules(std::uintptr_t addr, std::size_t size, std::uint32
 
 std::uint32_t LargeArena::install_chunk(vmm::MappedChunk mem, std::uint32_t live) {
   const std::uint32_t idx = new_chunk_slot();
-  ChunkRec& c = chunks_[idx];
-  c.addr = mem.addr();
-  c.size = mem.size();
-  c.mem = std::move(mem);
-  c.in_use = true;
-  c.releasing = false;
-  c.live = live;
+  change_chunk(idx, [&](ChunkRec& c) {
+    c.addr = mem.addr();
+    c.size = mem.size();
+    c.mem = std::move(mem);
+    c.in_use = true;
+    c.releasing = false;
+    c.live = live;
+  });
+  const ChunkRec& c = chunks_[idx];
+  by_addr_.emplace(c.addr, idx);
   set_granules(c.addr, c.size, idx + 1, owner_);
   mapped_ += c.size;
   ++chunks_mapped_;
@@ -541,23 +544,17 @@ std::vector<Run> LargeArena::chunk_ranges() const {
   return out;
 }
 
-std::vector<std::uint32_t> LargeArena::deferred_chunks() const {
-  std::vector<std::uint32_t> out;
-  if (deferred_ != nullptr) for_each_chunk(deferred_, [&](std::uint32_t c) { out.push_back(c); });
-  return out;
-}
-
-bool LargeArena::wholly_free(std::uint32_t i, const std::vector<std::uint32_t>& deferred) const {
+bool LargeArena::wholly_free(std::uint32_t i) const {
   const ChunkRec& c = chunks_[i];
-  const auto own = static_cast<std::uint32_t>(std::count(deferred.begin(), deferred.end(), i));
+  const Block* d = deferred_;
+  const std::uint32_t own = d != nullptr && d->addr < c.addr + c.size && c.addr < d->end() ? 1 : 0;
   return c.in_use && !c.releasing && c.live == own;
 }
 
 std::vector<std::uint32_t> LargeArena::cached_chunks() const {
-  const std::vector<std::uint32_t> deferred = deferred_chunks();
   std::vector<std::uint32_t> out;
   for (std::uint32_t i = 0; i < chunks_.size(); ++i)
-    if (wholly_free(i, deferred)) out.push_back(i);
+    if (wholly_free(i)) out.push_back(i);
   // Largest first: fewest driver calls for the bytes wanted.
   std::sort(out.begin(), out.end(),
             [&](std::uint32_t a, std::uint32_t b) { return chunks_[a].size > chunks_[b].size; });
@@ -565,11 +562,28 @@ std::vector<std::uint32_t> LargeArena::cached_chunks() const {
 }
 
 std::size_t LargeArena::cached_bytes() const {
-  const std::vector<std::uint32_t> deferred = deferred_chunks();
-  std::size_t n = 0;
-  for (std::uint32_t i = 0; i < chunks_.size(); ++i)
-    if (wholly_free(i, deferred)) n += chunks_[i].size;
+  std::size_t n = idle_bytes_;  // live == 0: not under the deferred block either
+  if (deferred_ != nullptr)
+    for_each_chunk(deferred_, [&](std::uint32_t c) {
+      if (wholly_free(c)) n += chunks_[c].size;
+    });
   return n;
+}
+
+std::vector<Run> LargeArena::live_chunk_runs(std::uintptr_t lo, std::uintptr_t hi) const {
+  std::vector<Run> out;
+  auto it = by_addr_.upper_bound(lo);
+  if (it != by_addr_.begin()) {
+    const auto before = std::prev(it);
+    if (before->first + chunks_[before->second].size > lo) it = before;  // overlaps lo
+  }
+  for (; it != by_addr_.end() && it->first < hi; ++it) {
+    if (wholly_free(it->second)) continue;
+    const std::uintptr_t s = std::max(it->first, lo);
+    const std::uintptr_t e = std::min<std::uintptr_t>(it->first + chunks_[it->second].size, hi);
+    out.emplace_back(s, e - s);
+  }
+  return out;
 }
 
 std::vector<bool> LargeArena::releasable(const std::vector<std::uint32_t>& chunks) const {
@@ -618,7 +632,7 @@ bool LargeArena::begin_release(std::uint32_t idx, Release* out, WaitSet* waits, 
   // map_under). Only free blocks may cover a chunk that goes.
   for (const Block* b = first; b != nullptr && b->addr < hi; b = b->next)
     if (!b->free) return false;
-  c.releasing = true;
+  change_chunk(idx, [](ChunkRec& r) { r.releasing = true; });
   out->chunk = idx;
   out->size = c.size;
   out->mem = std::move(c.mem);
@@ -666,22 +680,23 @@ void LargeArena::end_release(Release& rel, bool dropped) {
   const std::uintptr_t lo = c.addr, hi = c.addr + c.size;
   if (!dropped) {
     c.mem = std::move(rel.mem);
-    c.releasing = false;
+    change_chunk(idx, [](ChunkRec& r) { r.releasing = false; });
   } else {
     set_granules(lo, c.size, 0, nullptr);
     mapped_ -= c.size;
     ++chunks_unmapped_;
+    by_addr_.erase(lo);
   }
   if (dropped && !on_demand_) {
     // The segment is gone, and the region it was with it.
     Region* r = c.segment;
-    c = ChunkRec{};
+    change_chunk(idx, [](ChunkRec& x) { x = ChunkRec{}; });
     free_chunk_slots_.push_back(idx);
     remove_region(r);
     return;
   }
   if (dropped) {
-    c = ChunkRec{};
+    change_chunk(idx, [](ChunkRec& x) { x = ChunkRec{}; });
     free_chunk_slots_.push_back(idx);
   }
   // The pieces go back: unmapped memory waits for nothing. They lie from
@@ -761,11 +776,15 @@ bool LargeArena::check(std::string* why, std::size_t* large_live, std::size_t* s
   }
   if (free_blocks != free_.size() + (deferred_ != nullptr ? 1 : 0))
     return fail("the bins hold blocks that are not free");
-  std::size_t mapped = 0;
+  std::size_t mapped = 0, idle = 0, indexed = 0;
   for (std::uint32_t i = 0; i < chunks_.size(); ++i) {
     const ChunkRec& c = chunks_[i];
     if (!c.in_use) continue;
     mapped += c.size;
+    if (c.idle()) idle += c.size;
+    ++indexed;
+    if (auto it = by_addr_.find(c.addr); it == by_addr_.end() || it->second != i)
+      return fail("a chunk is missing from the address index");
     for (std::uintptr_t g = c.addr; g < c.addr + c.size; g += kGranule) {
       const PageEntry* e = pages_.find(g);
       if (e == nullptr || e->chunk != i + 1) return fail("chunk granule not marked in the page map");
@@ -779,6 +798,8 @@ bool LargeArena::check(std::string* why, std::size_t* large_live, std::size_t* s
   for (const auto& [c, n] : expected_live)
     if (c >= chunks_.size() || !chunks_[c].in_use) return fail("a live block over a chunk that is gone");
   if (mapped != mapped_) return fail("mapped bytes disagree with the chunks");
+  if (indexed != by_addr_.size()) return fail("the address index names chunks that are gone");
+  if (idle != idle_bytes_) return fail("the idle chunks' running sum disagrees with the chunks");
   return true;
 }
 

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -186,7 +187,13 @@ class LargeArena {
   // Wholly free chunks (no block over them but the deferred one, not being
   // released), largest first.
   std::vector<std::uint32_t> cached_chunks() const;
+  // Their bytes: a running sum (idle_bytes_) and the deferred block's few
+  // chunks, not a scan - every growth asks (the growth policy's idle pool).
   std::size_t cached_bytes() const;
+  // The mapped ranges, clipped to [lo, hi), of the chunks there that are not
+  // wholly free (those being released included), in address order: from the
+  // address index, not a scan of every chunk.
+  std::vector<Run> live_chunk_runs(std::uintptr_t lo, std::uintptr_t hi) const;
   std::size_t chunk_size(std::uint32_t c) const { return chunks_[c].size; }
   std::uintptr_t chunk_addr(std::uint32_t c) const { return chunks_[c].addr; }
   std::size_t mapped_bytes() const noexcept { return mapped_; }
@@ -244,7 +251,21 @@ class LargeArena {
     Region* segment = nullptr;  // no VMM: the region it stands for
     bool in_use = false;
     bool releasing = false;
+    // Counted in idle_bytes_: mapped, no block over it, not on its way out.
+    bool idle() const noexcept { return in_use && !releasing && live == 0; }
   };
+  // Every change to a chunk's in_use, releasing or live count goes through
+  // here, so that idle_bytes_ stays exact (LargeArena::check compares it
+  // with a scan).
+  template <typename F>
+  void change_chunk(std::uint32_t i, F&& f) {
+    ChunkRec& c = chunks_[i];
+    const bool was = c.idle();
+    const std::size_t size = c.size;
+    f(c);
+    if (was) idle_bytes_ -= size;
+    if (c.idle()) idle_bytes_ += c.size;
+  }
 
   Block* find_fit(std::size_t size, std::size_t alignment, const StreamState* taker,
                   bool mapped_only, bool strict, std::uintptr_t* at);
@@ -278,10 +299,9 @@ class LargeArena {
     }
     ++free_changes_;
   }
-  // The chunks under the deferred block (counted on them), and whether
-  // chunk i holds no other block.
-  std::vector<std::uint32_t> deferred_chunks() const;
-  bool wholly_free(std::uint32_t i, const std::vector<std::uint32_t>& deferred) const;
+  // Whether chunk i holds no block but the deferred one (counted on its
+  // chunks) and is not being released.
+  bool wholly_free(std::uint32_t i) const;
 
   Region& new_region(std::uintptr_t base, std::size_t size);
   void remove_region(Region* r);
@@ -313,6 +333,10 @@ class LargeArena {
   const StreamState* fit_taker_ = nullptr;
   std::vector<ChunkRec> chunks_;
   std::vector<std::uint32_t> free_chunk_slots_;
+  // The chunks in use by address (a growth asks which lie inside one free
+  // block), and the bytes of those that are idle().
+  std::map<std::uintptr_t, std::uint32_t> by_addr_;
+  std::size_t idle_bytes_ = 0;
   std::size_t mapped_ = 0;
   std::uint64_t chunks_mapped_ = 0;
   std::uint64_t chunks_unmapped_ = 0;
