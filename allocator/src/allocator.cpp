@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
@@ -25,6 +26,14 @@ std::vector<detail::StreamRegistry*> raw(const std::vector<std::unique_ptr<detai
   std::vector<detail::StreamRegistry*> out;
   for (const auto& r : v) out.push_back(r.get());
   return out;
+}
+
+// The least memory of any device (the hot path's one compare; with no device
+// every call is refused before it, by check_device).
+std::size_t smallest_memory(const std::vector<vmm::DeviceCaps>& caps) {
+  std::size_t least = std::numeric_limits<std::size_t>::max();
+  for (const vmm::DeviceCaps& c : caps) least = std::min(least, c.total_memory);
+  return least;
 }
 
 std::vector<std::unique_ptr<detail::StreamRegistry>> make_registries(std::size_t n) {
@@ -62,6 +71,7 @@ Allocator::Impl::Impl(vmm::Driver& driver, Config config)
       config_(std::move(config)),
       caps_(vmm::read_all_device_caps(driver_)),
       device_count_(caps_.size()),
+      smallest_memory_(smallest_memory(caps_)),
       registries_(make_registries(caps_.size())),
       tracker_(driver_, raw(registries_), config_.fence_enabled),
       devices_(caps_.size()),
@@ -87,8 +97,9 @@ void Allocator::Impl::throw_no_such_device(int device, const char* what) const {
                     (caps_.size() == 1 ? "" : "s") + ")");
 }
 
-void Allocator::Impl::throw_more_than_device(std::size_t bytes, int device) const {
+void Allocator::Impl::check_fits_device_slow(std::size_t bytes, int device) const {
   const vmm::DeviceCaps& caps = caps_[static_cast<std::size_t>(device)];
+  if (bytes <= caps.total_memory) return;
   throw out_of_memory("gvmalloc: out of memory on device " + std::to_string(device) + " (" +
                       caps.name + "): tried to allocate " + detail::format_bytes(bytes) +
                       ", more than the device's " + detail::format_bytes(caps.total_memory));

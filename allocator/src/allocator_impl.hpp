@@ -58,13 +58,14 @@ class Allocator::Impl {
       throw_no_such_device(device, what);
   }
   [[noreturn, gnu::cold, gnu::noinline]] void throw_no_such_device(int device, const char* what) const;
-  // Inline: one compare; the message is built out of line.
+  // Inline: one compare against the smallest device's memory (no load of
+  // the device's caps on the hot path); the device's own figure and the
+  // message out of line.
   void check_fits_device(std::size_t bytes, int device) const {
-    if (bytes > caps_[static_cast<std::size_t>(device)].total_memory) [[unlikely]]
-      throw_more_than_device(bytes, device);
+    if (bytes > smallest_memory_) [[unlikely]]
+      check_fits_device_slow(bytes, device);
   }
-  [[noreturn, gnu::cold, gnu::noinline]] void throw_more_than_device(std::size_t bytes,
-                                                                     int device) const;
+  [[gnu::cold, gnu::noinline]] void check_fits_device_slow(std::size_t bytes, int device) const;
 
   detail::DeviceHeap& device(int d);
   detail::DeviceHeap* existing(int d) const {
@@ -102,6 +103,7 @@ class Allocator::Impl {
   Config config_;
   std::vector<vmm::DeviceCaps> caps_;
   const std::size_t device_count_;  // caps_.size(), without its division by 120
+  const std::size_t smallest_memory_;  // the least total_memory of caps_
   std::vector<std::unique_ptr<detail::StreamRegistry>> registries_;
   detail::AccessTracker tracker_;
   std::mutex devices_lock_;

@@ -22,6 +22,7 @@ struct Span {
   // The smallest request of the span's class, so that a free's size is
   // checked with one unsigned compare (fits).
   std::size_t min_request = 0;
+  std::size_t request_range = 0;  // slot_size - min_request
   // off / slot_size as a multiply and a shift for every off within the
   // granule (exact: off < 2^21, slot_size < 2^21, 42-bit reciprocal): the
   // free path's division costs tens of cycles, the multiply a few.
@@ -44,6 +45,7 @@ struct Span {
       : base(b),
         slot_size(slot),
         min_request(gvm::detail::min_request(cls)),
+        request_range(slot - gvm::detail::min_request(cls)),
         slot_reciprocal(((std::uint64_t{1} << 42) + slot - 1) / slot),
         slots(static_cast<std::uint32_t>(kGranule / slot)),
         free_count(slots),
@@ -66,7 +68,7 @@ struct Span {
   }
   // `bytes` (a free's size; kUnknownSize: not given) names this class.
   bool fits(std::size_t bytes) const noexcept {
-    return bytes == static_cast<std::size_t>(-1) || bytes - min_request <= slot_size - min_request;
+    return bytes - min_request <= request_range || bytes == static_cast<std::size_t>(-1);
   }
   bool full() const noexcept { return free_count == 0; }
   bool unused() const noexcept { return free_count == slots; }
