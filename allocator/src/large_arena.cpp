@@ -632,7 +632,7 @@ bool LargeArena::begin_release(std::uint32_t idx, Release* out, WaitSet* waits, 
   // map_under). Only free blocks may cover a chunk that goes.
   for (const Block* b = first; b != nullptr && b->addr < hi; b = b->next)
     if (!b->free) return false;
-  change_chunk(idx, [](ChunkRec& r) { r.releasing = true; });
+  change_chunk(idx, [](ChunkRec& x) { x.releasing = true; });
   out->chunk = idx;
   out->size = c.size;
   out->mem = std::move(c.mem);
@@ -680,7 +680,7 @@ void LargeArena::end_release(Release& rel, bool dropped) {
   const std::uintptr_t lo = c.addr, hi = c.addr + c.size;
   if (!dropped) {
     c.mem = std::move(rel.mem);
-    change_chunk(idx, [](ChunkRec& r) { r.releasing = false; });
+    change_chunk(idx, [](ChunkRec& x) { x.releasing = false; });
   } else {
     set_granules(lo, c.size, 0, nullptr);
     mapped_ -= c.size;
