@@ -15,7 +15,7 @@ prints peak reserved (mapped pages) / peak live (requested bytes).
 It reproduces the recorded figures of traces/peers.csv where they come from
 real PyTorch runs on an H200 (ResNet-50 1.0111 against 1.011, GPT-2 1.0782
 against 1.079), and shows how much of a peer's figure is the luck of
-placement (docs/design-notes.md, "The best peer's figure, modelled"):
+placement (docs/design-notes.md, "The synthetic traces beside the peers, on the H200"):
 
   tools/expandable_sim.py traces/resnet50_train.trace.gz
   SMALL=0 tools/expandable_sim.py TRACE...      # one pool for every size
@@ -38,8 +38,7 @@ class Seg:
     ('a'), free and mapped ('f') or unmapped ('u'); pages are mapped at the
     head of an unmapped block when a request needs them, and never unmapped."""
 
-    def __init__(self, small):
-        self.small = small
+    def __init__(self):
         self.blocks = {0: [1 << 40, 'u']}  # addr -> [size, state a/f/u]
         self.nxt = {0: None}; self.prv = {0: None}
         self.free = []     # (size, addr) of mapped free blocks
@@ -124,7 +123,7 @@ def main(path):
                 n = int(p[2]); st = p[3] if len(p) > 3 else '0'
                 s = 512 if n < 512 else -(-n // 512) * 512
                 key = (st, s <= SMALL)
-                seg = segs.get(key) or segs.setdefault(key, Seg(s <= SMALL))
+                seg = segs.get(key) or segs.setdefault(key, Seg())
                 a = seg.alloc(s)
                 live[p[1]] = (seg, a, n); cur += n
                 peak_live = max(peak_live, cur)
