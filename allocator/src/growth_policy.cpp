@@ -44,9 +44,12 @@ GrowthPlan GrowthPolicy::plan(std::size_t need, std::size_t reserved, std::size_
     const double peak = static_cast<double>(std::max(live_after, peak_live));
     const auto bound = static_cast<std::size_t>(peak * (1.0 + config_.reserve_slack));
     const bool large = need * kReleaseGrowthFraction >= reserved && need >= kReleaseGrowthMinBytes;
-    if (reserved + need > bound && raises_peak(need, reserved, peak_reserved) &&
-        (large || cached >= kIdlePoolFactor * need)) {
-      const std::size_t want = reserved + need - bound;
+    // Beside an idle pool the growth needs no memory, slack or not: what goes
+    // is at least the growth.
+    const bool idle = cached >= kIdlePoolFactor * need;
+    const bool past_bound = reserved + need > bound;
+    if (raises_peak(need, reserved, peak_reserved) && ((past_bound && large) || idle)) {
+      const std::size_t want = past_bound ? reserved + need - bound : need;
       if (want > p.release) {
         p.release = want;
         p.slack = true;

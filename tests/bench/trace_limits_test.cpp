@@ -132,7 +132,8 @@ TEST_P(SyntheticTrace, StaysWithinItsBounds) {
 INSTANTIATE_TEST_SUITE_P(
     Sim, SyntheticTrace,
     ::testing::Values(Synthetic{"side_stream", 1.13, 45},       // without the policy: 1.435
-                      Synthetic{"checkpoint_train", 1.02, 8},   // 1.015
+                      Synthetic{"checkpoint_train", 1.012, 8},  // 1.015 (1.0132 before the idle
+                                                                // pool lifted the slack bound)
                       Synthetic{"kv_growth", 1.07, 12},         // 1.063
                       Synthetic{"mixed", 1.25, 42},             // 1.158: random churn, fences guard
                                                                 // (40 with the idle-pool release, 12 before)
