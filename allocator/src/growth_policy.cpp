@@ -53,8 +53,10 @@ GrowthPlan GrowthPolicy::plan(std::size_t need, std::size_t reserved, std::size_
       if (want > p.release) {
         p.release = want;
         p.slack = true;
-        // The cap's release may need every heap's chunks.
-        p.own_heap = !large && for_cap == 0;
+        // The cap's release may need every heap's chunks; one for the idle
+        // pool alone (a small growth, or any inside the slack) takes the
+        // growing heap's own, which is what its best fit passed over.
+        p.own_heap = !(past_bound && large) && for_cap == 0;
       }
     }
   }

@@ -378,6 +378,40 @@ TEST_F(FragmentationPolicy, AGrowthPastTheCapReleasesOtherStreamsIdleChunksToo) 
   EXPECT_TRUE(invariants());
 }
 
+// Inside the slack the idle pool is the only reason to release, and it is
+// the growing heap's own: a large growth there (8 MiB, a new peak, beside
+// 192 MiB of its own wholly free chunks) releases those, never another
+// stream's headroom - as past the bound a small one does (above).
+TEST_F(FragmentationPolicy, ALargeGrowthInsideTheSlackReleasesOnlyItsOwnIdleChunks) {
+  Config c = exact_granules();
+  c.reserve_slack = 0.02;
+  Allocator& a = make(c);
+  const StreamHandle t = new_stream();
+  // The other stream's heap first: a release across the device would start there.
+  const IdlePool other = idle_pool(a, t), own1 = idle_pool(a, nullptr), own2 = idle_pool(a, nullptr);
+  for (const IdlePool* p : {&own1, &own2, &other}) free_pieces(a, *p);
+  auto others_free = [&] {  // mapped free bytes the other stream used last
+    std::size_t n = 0;
+    for (const SegmentInfo& s : a.memory_map(0))
+      for (const BlockInfo& b : s.blocks)
+        if (!b.allocated && b.stream == t) n += b.size;
+    return n;
+  };
+  const DeviceStats before = stats();
+  ASSERT_EQ(before.peak_reserved_bytes, before.reserved_bytes);
+  ASSERT_EQ(before.peak_live_bytes, 432 * kMiB);  // 440 MiB is inside the bound (440.6)
+  ASSERT_EQ(others_free(), 96 * kMiB);
+  // No free piece holds 8 MiB: a growth of four granules.
+  void* y = a.allocate(8 * kMiB, 0, nullptr);
+  EXPECT_EQ(stats().fences, before.fences + 1) << "released first: the growth needs no memory";
+  EXPECT_EQ(stats().peak_reserved_bytes, before.peak_reserved_bytes);
+  EXPECT_EQ(others_free(), 96 * kMiB) << "the other stream's idle chunks stay";
+  EXPECT_TRUE(invariants());
+  a.deallocate(y, 8 * kMiB, 0, nullptr);
+  for (const IdlePool* p : {&own1, &own2, &other}) free_walls(a, *p);
+  EXPECT_TRUE(invariants());
+}
+
 // A private pool's free memory is its graphs' (a replay writes where the
 // capture freed): no idle pool for rule 5, whose release would take it.
 TEST_F(FragmentationPolicy, ASmallGrowthInAPoolKeepsThePoolsFreeChunks) {
