@@ -74,7 +74,8 @@ class GrowthPolicy {
   // a new peak while the pool sits idle is fragmentation, not need (the
   // slack is room for growths that need memory; inside it, the synthetic
   // checkpoint_train trace crept to its peak so: 1.0132 -> 1.0091 with the
-  // bound lifted, 812 -> 816 driver calls, every other trace unchanged). The Llama generate program's trace
+  // bound lifted, 812 -> 816 driver calls, every other trace unchanged).
+  // The Llama generate program's trace
   // (recorded with record_trace on an H200) crept to its peak by growths of
   // one or two granules beside 74 MiB of wholly free chunks: 1.080 -> 1.026
   // reserved per live byte with this (simulated H200), BERT 1.091 -> 1.089,
