@@ -183,6 +183,29 @@ def allocations_so_far(torch):
     return torch.cuda.memory_stats().get("allocation.all.allocated", 0)
 
 
+TIMED_START = {}
+
+
+def mark_timed_start(torch, allocator):
+    """The allocation count now (the timed steps begin), and for gvmalloc its
+    driver counters, so that finish() can say what the timed steps alone cost
+    in driver calls: a growth, a release or a fence there is host time inside
+    the step, where a warm-up's is not."""
+    if is_gvm(allocator):
+        TIMED_START["gvm"] = gvm_counters()
+    return allocations_so_far(torch)
+
+
+def gvm_counters():
+    import gvmalloc
+    s = gvmalloc.stats()
+    d = s["devices"][0] if s["devices"] else {}
+    out = {k: d.get(k, 0) for k in ("chunks_mapped", "chunks_unmapped", "fences")}
+    out["driver_calls"] = sum(v["calls"] for v in s["driver_calls"].values())
+    out["driver_ns"] = sum(v["ns"] for v in s["driver_calls"].values())
+    return out
+
+
 def gvm_summary():
     import gvmalloc
     s = gvmalloc.stats()
@@ -197,6 +220,12 @@ def gvm_summary():
 
 def finish(torch, allocator, times, checks, step, profile_steps, allocations, **extra):
     """allocations: blocks allocated over the timed steps (memory_stats' count)."""
+    timed = None
+    if is_gvm(allocator) and "gvm" in TIMED_START:
+        # Read before the pairs and the profiled steps below add their own.
+        now, then = gvm_counters(), TIMED_START["gvm"]
+        timed = {k: now[k] - then[k] for k in now}
+        timed["driver_ms"] = round(timed.pop("driver_ns") / 1e6, 3)
     peak = torch.cuda.max_memory_reserved()
     pairs = alloc_pair_us(torch)
     table, alloc_ops = profile_table(torch, step, profile_steps)
@@ -207,6 +236,8 @@ def finish(torch, allocator, times, checks, step, profile_steps, allocations, **
                backend=torch.cuda.get_allocator_backend(), **extra)
     if is_gvm(allocator):
         out["gvmalloc"] = gvm_summary()
+        if timed is not None:
+            out["gvmalloc"]["timed_steps"] = timed
     result(**out)
 
 
@@ -237,7 +268,7 @@ def resnet50(allocator, steps):
     times, losses = [], []
     for i in range(warm + steps):
         if i == warm:
-            a0 = allocations_so_far(torch)
+            a0 = mark_timed_start(torch, allocator)
         dt, loss = timed(torch, step)
         losses.append(loss.item().hex())
         if i >= warm:
@@ -270,7 +301,7 @@ def gpt2(allocator, steps):
     times, losses = [], []
     for i in range(len(batches)):
         if i == 2:
-            a0 = allocations_so_far(torch)
+            a0 = mark_timed_start(torch, allocator)
         dt, loss = timed(torch, step)
         losses.append(loss.item().hex())
         if i >= 2:
@@ -299,7 +330,7 @@ def llama(allocator, steps):
     times, outputs = [], []
     for i in range(1 + max(1, steps // 8)):
         if i == 1:
-            a0 = allocations_so_far(torch)
+            a0 = mark_timed_start(torch, allocator)
         dt, out = timed(torch, step)
         outputs.append(out[:, 128:].cpu().numpy().tobytes().hex()[:64] + ":%d" % int(out.sum().item()))
         if i >= 1:
@@ -476,6 +507,9 @@ def render(runs, seconds):
                 lines.append("gvmalloc driver calls (all of the run): " + ", ".join(
                     "%s %d calls %.1f ms" % (c["call"], c["calls"], c["ms"]) for c in g["driver_calls"][:8]))
                 lines.append("gvmalloc device 0: " + ", ".join("%s %s" % kv for kv in g["device0"].items()))
+                if "timed_steps" in g:
+                    lines.append("gvmalloc in the timed steps alone: " + ", ".join(
+                        "%s %s" % kv for kv in g["timed_steps"].items()))
     return "\n".join(lines)
 
 

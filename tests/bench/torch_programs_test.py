@@ -43,7 +43,9 @@ def fake_result(program, allocator, step_ms, wall_s):
                            "gpu_idle_ms_per_step": step_ms - 80.0, "gpu_activities_per_step": 900.0}},
             "allocations_per_step": 600.0, "backend": "x", "wall_s": wall_s,
             "gvmalloc": {"driver_calls": [{"call": "cuMemMap", "calls": 10, "ms": 1.0}],
-                         "device0": {"fences": 0}}}
+                         "device0": {"fences": 0},
+                         "timed_steps": {"chunks_mapped": 0, "chunks_unmapped": 0, "fences": 0,
+                                         "driver_calls": 2, "driver_ms": 0.05}}}
 
 
 def run(tp, argv, walls, fail=()):
@@ -101,6 +103,8 @@ def main(path):
         check("aten::empty 1600 calls 4.0 ms" in saved, "the allocating operators, per operator")
         check("gvmalloc driver calls (all of the run): cuMemMap 10 calls 1.0 ms" in saved,
               "gvmalloc's driver calls")
+        check("gvmalloc in the timed steps alone: chunks_mapped 0, chunks_unmapped 0, fences 0, "
+              "driver_calls 2, driver_ms 0.05" in saved, "gvmalloc's driver calls in the timed steps")
 
         # A deadline of 150 s: resnet 3 x 30 = 90, gpt2 2 x 20 = 130 s; gpt2's third run
         # needs 20 s x 1.2 = 24 s, 20 are left: not run; llama, not run yet, is judged
