@@ -138,6 +138,12 @@ def main(path):
               "round names")
         rc, started, text = run(tp, ["--out", d, "--programs", "gpt2"], walls)
         check("=== Rounds" not in text, "one round: no rounds table")
+        # ResNet-50 in rounds that name a second native run already: no repeat is
+        # added (it would be a second "native#2", taking round 2's place).
+        rc, started, text = run(tp, ["--out", d, "--programs", "resnet50", "--allocators",
+                                     "native,gvm,native#2,gvm#2"], walls)
+        check([a for _, a, _ in started] == ["native", "gvm", "native#2", "gvm#2"],
+              "no repeat beside a named second native run: %s" % started)
 
         # A failed run: exit status 1, the others still run and are compared.
         rc, started, text = run(tp, ["--out", d, "--programs", "gpt2"], walls,
