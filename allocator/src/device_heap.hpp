@@ -105,16 +105,22 @@ class DeviceHeap {
   // a block outside a capturing pool is kept until the capture ends.
   bool deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream,
                   bool own_stream = false, std::size_t* requested = nullptr);
-  // deallocate's hot path, inline: a slot of a span while no capture runs
-  // here goes straight to the span's owner (which checks the rest).
+  // deallocate's hot path, inline: while no capture runs here, a slot of a
+  // span goes straight to the span's owner, and a block in a granule with no
+  // span to the heap whose arena holds it (each checks the rest).
   bool free(std::uintptr_t addr, std::size_t bytes, vmm::StreamHandle stream) {
     const PageEntry* e = pages_.find(addr);
     if (e == nullptr) [[unlikely]]
       return false;
-    Span* s = e->span.load(std::memory_order_acquire);
-    if (s != nullptr && s->contains(addr) && !capturing_here()) [[likely]] {
-      s->owner->free_slot(s, addr, bytes, stream);
-      return true;
+    if (!capturing_here()) [[likely]] {
+      if (Span* s = e->span.load(std::memory_order_acquire); s != nullptr) {
+        if (s->contains(addr)) [[likely]] {
+          s->owner->free_slot(s, addr, bytes, stream);
+          return true;
+        }
+      } else if (Heap* h = e->owner.load(std::memory_order_acquire); h != nullptr) {
+        return h->deallocate_large(*e, addr, bytes, stream, false, nullptr);
+      }
     }
     return deallocate_in(*e, addr, bytes, stream, false, nullptr);
   }
