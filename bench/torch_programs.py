@@ -221,12 +221,12 @@ def gvm_summary():
 
 def finish(torch, allocator, times, checks, step, profile_steps, allocations, **extra):
     """allocations: blocks allocated over the timed steps (memory_stats' count)."""
-    timed = None
+    in_timed = None
     if is_gvm(allocator) and "gvm" in TIMED_START:
         # Read before the pairs and the profiled steps below add their own.
         now, then = gvm_counters(), TIMED_START["gvm"]
-        timed = {k: now[k] - then[k] for k in now}
-        timed["driver_ms"] = round(timed.pop("driver_ns") / 1e6, 3)
+        in_timed = {k: now[k] - then[k] for k in now}
+        in_timed["driver_ms"] = round(in_timed.pop("driver_ns") / 1e6, 3)
     peak = torch.cuda.max_memory_reserved()
     pairs = alloc_pair_us(torch)
     table, alloc_ops = profile_table(torch, step, profile_steps)
@@ -237,8 +237,8 @@ def finish(torch, allocator, times, checks, step, profile_steps, allocations, **
                backend=torch.cuda.get_allocator_backend(), **extra)
     if is_gvm(allocator):
         out["gvmalloc"] = gvm_summary()
-        if timed is not None:
-            out["gvmalloc"]["timed_steps"] = timed
+        if in_timed is not None:
+            out["gvmalloc"]["timed_steps"] = in_timed
     result(**out)
 
 
