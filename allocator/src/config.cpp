@@ -145,7 +145,7 @@ struct Key {
   void (*apply)(Config& c, std::string_view key, std::string_view value);
 };
 
-constexpr std::array<Key, 14> kKeys{{
+constexpr std::array<Key, 15> kKeys{{
     {"arena_size",
      [](Config& c, std::string_view k, std::string_view v) { c.arena_bytes = parse_size(k, v); }},
     {"max_chunk_size",
@@ -196,6 +196,8 @@ constexpr std::array<Key, 14> kKeys{{
      [](Config& c, std::string_view k, std::string_view v) {
        c.span_warmup_allocations = parse_count(k, v, 1u << 30);
      }},
+    {"shared_spans",
+     [](Config& c, std::string_view k, std::string_view v) { c.shared_spans = parse_bool(k, v); }},
     {"no_vmm",
      [](Config& c, std::string_view k, std::string_view v) { c.force_no_vmm = parse_bool(k, v); }},
     {"peer_policy",
@@ -342,6 +344,7 @@ std::string to_string(const Config& c) {
                                : size_text(c.release_threshold_bytes));
   add("small_max", size_text(c.small_block_max_bytes));
   add("span_warmup", std::to_string(c.span_warmup_allocations));
+  add("shared_spans", c.shared_spans ? "true" : "false");
   add("no_vmm", c.force_no_vmm ? "true" : "false");
   add("peer_policy", to_string(c.peer_policy));
   add("scratch_chunk_size", size_text(c.scratch_chunk_bytes));

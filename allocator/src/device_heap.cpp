@@ -287,8 +287,7 @@ bool DeviceHeap::deallocate(std::uintptr_t addr, std::size_t bytes, vmm::StreamH
 
 bool DeviceHeap::deallocate_in(const PageEntry& e, std::uintptr_t addr, std::size_t bytes,
                                vmm::StreamHandle stream, bool own_stream, std::size_t* requested) {
-  Span* s = e.span.load(std::memory_order_acquire);
-  if (s != nullptr && !s->contains(addr)) s = nullptr;
+  Span* s = span_holding(e, addr);
   Heap* h = s != nullptr ? s->owner : e.owner.load(std::memory_order_acquire);
   if (h == nullptr) return false;
   if (capturing_here() && !(h->kind() == Heap::Kind::pool && h->capturing())) [[unlikely]]
@@ -367,7 +366,7 @@ void DeviceHeap::end_capture() {
 bool DeviceHeap::record_stream(std::uintptr_t addr, StreamState& user) {
   const PageEntry* e = pages_.find(addr);
   if (e == nullptr) return false;
-  if (Span* s = e->span.load(std::memory_order_acquire); s != nullptr && s->contains(addr)) {
+  if (Span* s = span_holding(*e, addr); s != nullptr) {
     s->owner->record_slot(s, addr, user);
     return true;
   }
@@ -378,7 +377,7 @@ bool DeviceHeap::record_stream(std::uintptr_t addr, StreamState& user) {
 void DeviceHeap::note_use(std::uintptr_t addr, StreamState& user) {
   const PageEntry* e = pages_.find(addr);
   if (e == nullptr) return;
-  if (Span* s = e->span.load(std::memory_order_acquire); s != nullptr && s->contains(addr)) {
+  if (Span* s = span_holding(*e, addr); s != nullptr) {
     s->owner->note_slot(s, addr, user);
     return;
   }

@@ -114,6 +114,7 @@ class DeviceHeap {
       return false;
     if (!capturing_here()) [[likely]] {
       if (Span* s = e->span.load(std::memory_order_acquire); s != nullptr) {
+        s = s->holding(addr);
         if (s->contains(addr)) [[likely]] {
           s->owner->free_slot(s, addr, bytes, stream);
           return true;

@@ -514,7 +514,8 @@ bool Heap::holds(std::uintptr_t addr) const {
 
 // ------------------------------------------------------------ small path --
 
-Span* Heap::new_span(int size_class, std::size_t bytes, std::uintptr_t* first, bool first_try) {
+Span* Heap::new_span(int size_class, std::size_t bytes, std::uintptr_t* first, bool first_try,
+                     int shared_class) {
   // A granule from this heap's own arena - or lent by another stream's heap
   // that has one mapped and free, before this one grows - ordered on this
   // heap's stream; `bytes` (the request) is what an out-of-memory message names.
@@ -538,7 +539,7 @@ Span* Heap::new_span(int size_class, std::size_t bytes, std::uintptr_t* first, b
     if (b == nullptr) {
       if (attempt > 2) device_.throw_oom(bytes, "address space");
       if (attempt == 0) {
-        if (Span* s = borrow_span(size_class, own, first); s != nullptr) return s;
+        if (Span* s = borrow_span(size_class, own, first, shared_class); s != nullptr) return s;
       }
       add_region_for(kGranule, kGranule, bytes);
     }
@@ -559,16 +560,16 @@ Span* Heap::new_span(int size_class, std::size_t bytes, std::uintptr_t* first, b
   // traces unchanged; docs/design-notes.md, "Fragmentation").
   if (!mapped && first_try && unused_spans_before_peak(b)) {
     give_back();
-    return new_span(size_class, bytes, first, false);
+    return new_span(size_class, bytes, first, false, shared_class);
   }
   // As for large blocks: free pieces kept apart by work now known finished
   // merge, and a granule may be among them.
   if (!mapped && first_try && learn_finished()) {
     give_back();
-    return new_span(size_class, bytes, first, false);
+    return new_span(size_class, bytes, first, false, shared_class);
   }
   if (!mapped) {
-    if (Span* s = borrow_span(size_class, own, first); s != nullptr) {
+    if (Span* s = borrow_span(size_class, own, first, shared_class); s != nullptr) {
       give_back();
       return s;
     }
@@ -591,6 +592,10 @@ Span* Heap::new_span(int size_class, std::size_t bytes, std::uintptr_t* first, b
   device_.pages().at(b->addr).span.store(s, std::memory_order_release);
   small_.add_span(s);
   *first = s->pop();
+  if (shared_class >= 0) {
+    *first = attach_shared(s, *first, shared_class);
+    return s;
+  }
   ++allocations_;
   add_live(static_cast<std::int64_t>(s->slot_size));
   return s;
@@ -629,7 +634,8 @@ void Heap::attach_span(Block* b, Span* s) {
   device_.pages().at(b->addr).span.store(s, std::memory_order_release);
 }
 
-Span* Heap::borrow_span(int size_class, StreamState& own, std::uintptr_t* first) {
+Span* Heap::borrow_span(int size_class, StreamState& own, std::uintptr_t* first,
+                        int shared_class) {
   if (device_.capturing()) return nullptr;  // a borrow may wait for the lender's stream
   // A span handed between two heaps' locks: the checker allows for it.
   DeviceHeap::Handoff handoff(device_);
@@ -649,6 +655,10 @@ Span* Heap::borrow_span(int size_class, StreamState& own, std::uintptr_t* first)
   s->in_flight = false;
   small_.add_span(s);
   *first = s->pop();
+  if (shared_class >= 0) {
+    *first = attach_shared(s, *first, shared_class);
+    return s;
+  }
   ++allocations_;
   add_live(static_cast<std::int64_t>(s->slot_size));
   return s;
@@ -679,6 +689,20 @@ void Heap::give_back_span(Span* s) {
   // lock_ held. The span's granule goes back to the arena, ordered on the
   // stream whose work used its slots (other streams' frees were ordered onto
   // it when they happened).
+  if (Span* host = s->host; host != nullptr) {
+    // A shared span goes back into its host's slot, for this stream at once
+    // (its slots' other users were ordered onto it when they freed); the
+    // host may then be unused in turn.
+    const std::uint32_t slot = s->host_slot;
+    host->children[slot].store(nullptr, std::memory_order_release);
+    small_.release_span(s);
+    bool any = false;
+    for (const auto& c : host->children) any = any || c.load(std::memory_order_relaxed) != nullptr;
+    if (!any) host->hosts.store(false, std::memory_order_release);
+    host->push(slot);
+    if (Span* unused = small_.pushed(host); unused != nullptr) give_back_span(unused);
+    return;
+  }
   Block* b = s->block;
   Heap* home = s->arena_heap;
   if (home == this) device_.pages().at(s->base).span.store(nullptr, std::memory_order_release);
@@ -699,16 +723,59 @@ void Heap::give_back_span(Span* s) {
   arena_.give_back(b);
 }
 
+bool Heap::shares_spans(int cls) const noexcept {
+  return device_.config().shared_spans && small_max_ >= kSharedSpanBytes &&
+         kClassBytes[static_cast<std::size_t>(cls)] <= kSharedSlotMax &&
+         small_.class_span_bytes(cls) < kGranule;
+}
+
+std::uintptr_t Heap::attach_shared(Span* host, std::uintptr_t slot, int cls) {
+  const auto idx = static_cast<std::uint32_t>((slot - host->base) >> kSharedSpanShift);
+  Span* s = small_.make_span(slot, class_size(cls), cls, this, nullptr, kSharedSpanBytes);
+  s->host = host;
+  s->host_slot = idx;
+  // Named in its host before any slot of it is handed out (a free finds it
+  // there), under the lock that hands out its first slot.
+  host->children[idx].store(s, std::memory_order_release);
+  host->hosts.store(true, std::memory_order_release);
+  small_.add_span(s);
+  ++allocations_;
+  add_live(static_cast<std::int64_t>(s->slot_size));
+  return s->pop();
+}
+
+std::uintptr_t Heap::new_shared_span(int cls, std::size_t bytes) {
+  {
+    std::lock_guard<SpinLock> guard(lock_);
+    if (const std::uintptr_t slot = small_.pop(kHostClass); slot != 0)
+      return attach_shared(small_.current(kHostClass), slot, cls);
+  }
+  // No free slot in a host: a new host span, whose first slot is the shared
+  // span (the host's slot is not counted live: only the shared span's are).
+  std::uintptr_t p = 0;
+  try {
+    (void)new_span(kHostClass, bytes, &p, true, cls);
+  } catch (const OomAfterReclaim&) {
+    (void)new_span(kHostClass, bytes, &p, true, cls);  // as in allocate_small_slow
+  }
+  return p;
+}
+
 void* Heap::allocate_small_slow(int cls, std::size_t bytes) {
   bool cold = false;
+  bool shared = false;
   {
     std::lock_guard<SpinLock> guard(lock_);
     cold = small_.cold(cls, device_.config().span_warmup_allocations);
+    shared = !cold && shares_spans(cls);
   }
   // A class still cold is served best fit by the large arena: a span
   // commits a whole granule to one class of this stream, which a class of
   // a few blocks mostly wastes (docs/design-notes.md, "Fragmentation").
   if (cold) return allocate_large(bytes, *stream());
+  // A class of small slots that holds less than a granule of spans: a
+  // shared span of 256 KiB (docs/design-notes.md, "Shared spans").
+  if (shared) return reinterpret_cast<void*>(new_shared_span(cls, bytes));
   // No free slot in any span of the class: a new span (its granule from this
   // heap's arena or lent by another, with the lock released), whose first
   // slot is ours (counted there, under the lock that took it).
@@ -808,9 +875,11 @@ std::size_t Heap::reclaim_spans() {
   std::size_t n = 0;
   {
     std::lock_guard<SpinLock> guard(lock_);
-    for (Span* s : small_.unused_spans()) {
-      give_back_span(s);
-      ++n;
+    // Until none is left: a host whose shared spans went back is unused
+    // only after them.
+    for (auto unused = small_.unused_spans(); !unused.empty(); unused = small_.unused_spans()) {
+      for (Span* s : unused) give_back_span(s);
+      n += unused.size();
     }
   }
   drain_lent();
@@ -955,30 +1024,40 @@ void Heap::memory_map_locked(std::vector<SegmentInfo>& out) const {
   proto.pool = pool_;
   arena_.memory_map(out, proto, [&](SegmentInfo& seg, const Span& s) {
     const StreamState* st = s.owner->stream();
-    const vmm::StreamHandle h = st == nullptr ? nullptr : st->handle();
-    BlockInfo run;  // free slots merge into one entry
-    auto flush = [&] {
-      if (run.size != 0) seg.blocks.push_back(run);
-      run = BlockInfo{};
-    };
-    for (std::uint32_t i = 0; i < s.slots; ++i) {
-      const std::uintptr_t a = s.base + static_cast<std::uintptr_t>(i) * s.slot_size;
-      if (s.is_allocated(i)) {
+    describe_span(seg, s, st == nullptr ? nullptr : st->handle());
+  });
+}
+
+void Heap::describe_span(SegmentInfo& seg, const Span& s, vmm::StreamHandle h) {
+  BlockInfo run;  // free slots merge into one entry
+  auto flush = [&] {
+    if (run.size != 0) seg.blocks.push_back(run);
+    run = BlockInfo{};
+  };
+  for (std::uint32_t i = 0; i < s.slots; ++i) {
+    const std::uintptr_t a = s.base + static_cast<std::uintptr_t>(i) * s.slot_size;
+    if (i < kHostSlots) {
+      if (const Span* c = s.children[i].load(std::memory_order_acquire); c != nullptr) {
         flush();
-        seg.blocks.push_back(BlockInfo{a, s.slot_size, s.slot_size, true, true, h});
-      } else {
-        if (run.size == 0) run = BlockInfo{a, 0, 0, false, true, h};
-        run.size += s.slot_size;
+        describe_span(seg, *c, h);  // a shared span in this slot: its slots
+        continue;
       }
     }
-    // The tail a slot size leaves over in the granule.
-    const std::size_t used = static_cast<std::size_t>(s.slots) * s.slot_size;
-    if (used < kGranule) {
-      if (run.size == 0) run = BlockInfo{s.base + used, 0, 0, false, true, h};
-      run.size += kGranule - used;
+    if (s.is_allocated(i)) {
+      flush();
+      seg.blocks.push_back(BlockInfo{a, s.slot_size, s.slot_size, true, true, h});
+    } else {
+      if (run.size == 0) run = BlockInfo{a, 0, 0, false, true, h};
+      run.size += s.slot_size;
     }
-    flush();
-  });
+  }
+  // The tail a slot size leaves over in the span.
+  const std::size_t used = static_cast<std::size_t>(s.slots) * s.slot_size;
+  if (used < s.bytes) {
+    if (run.size == 0) run = BlockInfo{s.base + used, 0, 0, false, true, h};
+    run.size += s.bytes - used;
+  }
+  flush();
 }
 
 bool Heap::check_locked(std::string* why, std::int64_t* live, std::size_t* arena_spans,
@@ -986,23 +1065,44 @@ bool Heap::check_locked(std::string* why, std::int64_t* live, std::size_t* arena
   std::size_t large_live = 0;
   if (!arena_.check(why, &large_live, arena_spans)) return false;
   std::int64_t small_live = 0;
+  std::size_t granule_spans = 0;
   for (const auto& sp : small_.spans()) {
     const Span& s = *sp;
-    std::uint32_t allocated = 0;
-    for (std::uint32_t i = 0; i < s.slots; ++i) allocated += s.is_allocated(i) ? 1 : 0;
+    std::uint32_t allocated = 0, hosted = 0;
+    for (std::uint32_t i = 0; i < s.slots; ++i) {
+      const bool hosts_one =
+          i < kHostSlots && s.children[i].load(std::memory_order_relaxed) != nullptr;
+      if (hosts_one && !s.is_allocated(i)) {
+        if (why != nullptr) *why = "a shared span in a free slot of its host";
+        return false;
+      }
+      allocated += s.is_allocated(i) ? 1 : 0;
+      hosted += hosts_one ? 1 : 0;
+    }
     if (allocated + s.pending != s.slots - s.free_count) {
       if (why != nullptr) *why = "span bitmap and free stack disagree";
       return false;
     }
-    // A borrowed span waits for its lender to attach it (borrow_span).
-    if (s.block == nullptr || s.block->free || (s.block->span != &s && !s.in_flight) ||
-        s.owner != this || s.arena_heap == nullptr) {
+    if (s.host != nullptr) {
+      // A shared span: a slot of a span of this heap, which names it.
+      if (s.block != nullptr || s.bytes != kSharedSpanBytes || s.host->owner != this ||
+          s.host_slot >= kHostSlots ||
+          s.host->children[s.host_slot].load(std::memory_order_relaxed) != &s ||
+          s.host->base + std::uintptr_t{s.host_slot} * kSharedSpanBytes != s.base) {
+        if (why != nullptr) *why = "shared span's host";
+        return false;
+      }
+    } else if (s.block == nullptr || s.block->free || (s.block->span != &s && !s.in_flight) ||
+               s.owner != this || s.arena_heap == nullptr || s.bytes != kGranule) {
+      // A borrowed span waits for its lender to attach it (borrow_span).
       if (why != nullptr) *why = "span's block";
       return false;
+    } else {
+      ++granule_spans;
     }
-    small_live += static_cast<std::int64_t>(allocated * s.slot_size);
+    small_live += static_cast<std::int64_t>((allocated - hosted) * s.slot_size);
   }
-  *front_spans = small_.spans().size();
+  *front_spans = granule_spans;
   const std::int64_t blocks_live = small_live + static_cast<std::int64_t>(large_live);
   if (live_.load() != blocks_live) {
     if (why != nullptr)

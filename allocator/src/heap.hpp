@@ -265,8 +265,22 @@ class Heap {
   // A new span of the class (its first slot in *first). first_try: before
   // growing, this heap's unused spans may go back to the arena, or finished
   // work be learnt (learn_finished), and the span taken again (once).
-  Span* new_span(int size_class, std::size_t bytes, std::uintptr_t* first, bool first_try = true);
-  Span* borrow_span(int size_class, StreamState& own, std::uintptr_t* first);
+  // shared_class >= 0: the new span is a host (size_class is kHostClass),
+  // its first slot becomes a shared span of shared_class, and *first is
+  // that span's first slot.
+  Span* new_span(int size_class, std::size_t bytes, std::uintptr_t* first, bool first_try = true,
+                 int shared_class = -1);
+  Span* borrow_span(int size_class, StreamState& own, std::uintptr_t* first, int shared_class);
+  // A class that takes its next span as a shared one (Config::shared_spans).
+  bool shares_spans(int cls) const noexcept;
+  // A new shared span of class `cls` (its first slot returned): in a free
+  // slot of a host span, or of a new one.
+  std::uintptr_t new_shared_span(int cls, std::size_t bytes);
+  // Slot `slot` of span `host` (taken, not counted live) becomes a shared
+  // span of class `cls`; returns its first slot, counted. lock_ held.
+  std::uintptr_t attach_shared(Span* host, std::uintptr_t slot, int cls);
+  // The span's slots, for memory_map (a host's shared spans slot by slot).
+  static void describe_span(SegmentInfo& seg, const Span& s, vmm::StreamHandle h);
   void drain_lent();
   void give_back_span(Span* s);  // lock_ held
   // Live bytes up or down (lock_ held); past the watermark the device's

@@ -45,15 +45,16 @@ std::uintptr_t SmallBlocks::pop_slow(int cls) noexcept {
 }
 
 Span* SmallBlocks::make_span(std::uintptr_t base, std::size_t slot, int cls, Heap* owner,
-                             Block* block) {
+                             Block* block, std::size_t span_bytes) {
   std::unique_ptr<Span> s;
   if (!graveyard_.empty()) {
     s = std::move(graveyard_.back());
     graveyard_.pop_back();
-    *s = Span(base, slot, cls, owner, block);
+    s->init(base, slot, cls, owner, block, span_bytes);
   } else {
-    s = std::make_unique<Span>(base, slot, cls, owner, block);
+    s = std::make_unique<Span>(base, slot, cls, owner, block, span_bytes);
   }
+  class_bytes_[static_cast<std::size_t>(cls)] += span_bytes;
   Span* p = s.get();
   spans_.push_back(std::move(s));
   return p;
@@ -88,6 +89,7 @@ void SmallBlocks::release_span(Span* s) {
   partial_remove(s);
   if (current_[c] == s) current_[c] = nullptr;
   if (spare_[c] == s) spare_[c] = nullptr;
+  class_bytes_[c] -= s->bytes;
   auto it = std::find_if(spans_.begin(), spans_.end(), [&](const auto& p) { return p.get() == s; });
   if (it != spans_.end()) {
     graveyard_.push_back(std::move(*it));

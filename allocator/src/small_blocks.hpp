@@ -35,7 +35,14 @@ class SmallBlocks {
   // object, once made, lives as long as the heap, so a stale pointer to it in
   // the page map can never reach freed memory - a late double free then finds
   // it covering another granule and is refused).
-  Span* make_span(std::uintptr_t base, std::size_t slot, int cls, Heap* owner, Block* block);
+  Span* make_span(std::uintptr_t base, std::size_t slot, int cls, Heap* owner, Block* block,
+                  std::size_t span_bytes = kGranule);
+  // The span class `cls` hands slots out from (pop's last span).
+  Span* current(int cls) const noexcept { return current_[static_cast<std::size_t>(cls)]; }
+  // Bytes of every span of class `cls` (shared spans at their own size).
+  std::size_t class_span_bytes(int cls) const noexcept {
+    return class_bytes_[static_cast<std::size_t>(cls)];
+  }
   // A span made by make_span becomes the class's current span.
   void add_span(Span* s);
   // Slot `idx` of `s` is free (its bit already cleared). Returns a span that
@@ -75,6 +82,7 @@ class SmallBlocks {
   std::array<Span*, kMaxClasses> partial_{};  // spans with free slots (list heads)
   std::array<Span*, kMaxClasses> spare_{};    // one unused span kept per class
   std::array<std::uint32_t, kMaxClasses> cold_allocations_{};  // served best fit while cold
+  std::array<std::size_t, kMaxClasses> class_bytes_{};  // class_span_bytes
   std::unordered_map<std::uintptr_t, WaitSet> recorded_;
   std::vector<std::unique_ptr<Span>> spans_;  // every span of this heap
   std::vector<std::unique_ptr<Span>> graveyard_;  // released, for reuse

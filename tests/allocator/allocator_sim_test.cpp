@@ -483,8 +483,9 @@ TEST_P(Faults, FailedGrowthLeaksNothingAndTheNextAllocationWorks) {
   if (!first_use) {
     // The arena exists and has cached memory; the request below needs growth
     // all the same (large: beyond the cached 4 MiB; small: a span of a new
-    // class, the mapped granule being taken by the warm one).
-    void* warm = a.allocate(f.small ? 100 : 3 * kMiB, 0, nullptr);
+    // class - a shared one, in a new host span - the mapped granule being
+    // taken by the warm class's span, whose slots are too large to share).
+    void* warm = a.allocate(f.small ? 100 * 1024 : 3 * kMiB, 0, nullptr);
     if (f.small) {
       warm_small_ = warm;
     } else {
@@ -531,7 +532,7 @@ TEST_P(Faults, FailedGrowthLeaksNothingAndTheNextAllocationWorks) {
   void* p = nullptr;
   ASSERT_NO_THROW(p = a.allocate(n, 0, nullptr));
   a.deallocate(p, n, 0, nullptr);
-  if (!first_use && f.small) a.deallocate(warm_small_, 100, 0, nullptr);
+  if (!first_use && f.small) a.deallocate(warm_small_, 100 * 1024, 0, nullptr);
   a.trim();
   EXPECT_EQ(a.device_stats(0).reserved_bytes, 0u);
   EXPECT_EQ(sim().physical_used(0), 0u);

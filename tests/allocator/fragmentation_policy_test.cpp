@@ -434,23 +434,31 @@ TEST_F(FragmentationPolicy, ASmallGrowthInAPoolKeepsThePoolsFreeChunks) {
 
 // Empty spans a stream's cache keeps are given back before chunks are
 // released for a growth, so their granules can go back too.
+// With shared spans, the four classes of up to 32 KiB share one granule (a
+// host span of the 256 KiB class, which holds the 256 KiB block too); the
+// hosts go back once their shared spans have.
 TEST_F(FragmentationPolicy, EmptySpansAreReclaimedBeforeAReleaseForGrowth) {
-  Config c;
-  c.span_warmup_allocations = 0;
-  Allocator& a = make(c);
-  // Spans of a dozen classes, all emptied: each class keeps its span.
-  std::vector<std::pair<void*, std::size_t>> small;
-  for (std::size_t n = 4096; n <= 512 * 1024; n *= 2) small.emplace_back(a.allocate(n, 0, nullptr), n);
-  void* keep = a.allocate(4 * kMiB, 0, nullptr);
-  for (auto& [p, n] : small) a.deallocate(p, n, 0, nullptr);
-  const std::size_t spans_bytes = stats().reserved_bytes - 4 * kMiB;
-  ASSERT_GE(spans_bytes, small.size() * 2 * kMiB);
-  // A growth at a new peak: the spans' granules go back before it.
-  void* big = a.allocate(64 * kMiB, 0, nullptr);
-  EXPECT_EQ(stats().reserved_bytes, 68 * kMiB);
-  a.deallocate(big, 64 * kMiB, 0, nullptr);
-  a.deallocate(keep, 4 * kMiB, 0, nullptr);
-  EXPECT_TRUE(invariants());
+  for (const bool shared : {false, true}) {
+    SCOPED_TRACE(shared ? "shared spans" : "every span a granule");
+    Config c;
+    c.span_warmup_allocations = 0;
+    c.shared_spans = shared;
+    Allocator& a = make(c);
+    // Spans of seven classes, all emptied: each class keeps its span.
+    std::vector<std::pair<void*, std::size_t>> small;
+    for (std::size_t n = 4096; n <= 512 * 1024; n *= 2)
+      small.emplace_back(a.allocate(n, 0, nullptr), n);
+    void* keep = a.allocate(4 * kMiB, 0, nullptr);
+    for (auto& [p, n] : small) a.deallocate(p, n, 0, nullptr);
+    const std::size_t spans_bytes = stats().reserved_bytes - 4 * kMiB;
+    ASSERT_EQ(spans_bytes, (shared ? 4 : small.size()) * 2 * kMiB);
+    // A growth at a new peak: the spans' granules go back before it.
+    void* big = a.allocate(64 * kMiB, 0, nullptr);
+    EXPECT_EQ(stats().reserved_bytes, 68 * kMiB);
+    a.deallocate(big, 64 * kMiB, 0, nullptr);
+    a.deallocate(keep, 4 * kMiB, 0, nullptr);
+    EXPECT_TRUE(invariants());
+  }
 }
 
 // A class that needs a span at the peak takes the granule of a span no

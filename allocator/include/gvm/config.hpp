@@ -57,6 +57,11 @@ struct Config {
   // of one stream, which a class of a few blocks mostly wastes
   // (docs/design-notes.md, "Fragmentation"). 0 = spans from the first one.
   std::uint32_t span_warmup_allocations = 256;  // key: span_warmup
+  // Classes of up to 32 KiB start in shared spans: 256 KiB each, eight to a
+  // granule, until the class holds a granule's worth; then whole granules.
+  // A class of a few dozen live blocks then holds 256 KiB, not 2 MiB
+  // (docs/design-notes.md, "Shared spans"). false = every span a granule.
+  bool shared_spans = true;  // key: shared_spans
   // Force the no-VMM path (chunks from cuMemAlloc) even where VMM works.
   bool force_no_vmm = false;  // key: no_vmm
   // Peer access policy for every device pair (automatic = from DeviceCaps).
