@@ -18,7 +18,8 @@ Programs (random initialisation, configurations only: nothing is downloaded):
             greedy generate() of 128 tokens, KV cache growing each token
 
 --allocators also takes gvm-keep (gvmalloc with reserve_slack:-1: no release
-before growth, so no fence or unmap: what the policy's releases cost), and any
+before growth, so no fence or unmap: what the policy's releases cost),
+gvm-unshared (gvmalloc with shared_spans:false: every span a granule), and any
 name again with a suffix (gvm#2) for a second run in the same order.
 
 Each program runs once per allocator, each run in a process of its own (the
@@ -60,11 +61,14 @@ ALLOCATORS = {
     # gvmalloc without its releases before growth (no fences, no unmaps): what
     # the fragmentation policy's releases cost a program, apart from the rest.
     "gvm-keep": {"GVM_CONF": "reserve_slack:-1"},
+    # gvmalloc with every span a granule (no shared spans): what sharing a
+    # granule between small classes saves a program's peak.
+    "gvm-unshared": {"GVM_CONF": "shared_spans:false"},
 }
 
 
 def is_gvm(allocator):
-    return allocator.split("#")[0] in ("gvm", "gvm-keep")
+    return allocator.split("#")[0] in ("gvm", "gvm-keep", "gvm-unshared")
 
 
 def result(**kw):
