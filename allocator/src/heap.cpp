@@ -591,13 +591,7 @@ Span* Heap::new_span(int size_class, std::size_t bytes, std::uintptr_t* first, b
   // (an unused span could be reclaimed by a trim the moment the lock goes).
   device_.pages().at(b->addr).span.store(s, std::memory_order_release);
   small_.add_span(s);
-  *first = s->pop();
-  if (shared_class >= 0) {
-    *first = attach_shared(s, *first, shared_class);
-    return s;
-  }
-  ++allocations_;
-  add_live(static_cast<std::int64_t>(s->slot_size));
+  *first = take_first_slot(s, shared_class);
   return s;
 }
 
@@ -654,13 +648,7 @@ Span* Heap::borrow_span(int size_class, StreamState& own, std::uintptr_t* first,
   std::lock_guard<SpinLock> guard(lock_);
   s->in_flight = false;
   small_.add_span(s);
-  *first = s->pop();
-  if (shared_class >= 0) {
-    *first = attach_shared(s, *first, shared_class);
-    return s;
-  }
-  ++allocations_;
-  add_live(static_cast<std::int64_t>(s->slot_size));
+  *first = take_first_slot(s, shared_class);
   return s;
 }
 
@@ -744,21 +732,13 @@ std::uintptr_t Heap::attach_shared(Span* host, std::uintptr_t slot, int cls) {
   return s->pop();
 }
 
-std::uintptr_t Heap::new_shared_span(int cls, std::size_t bytes) {
-  {
-    std::lock_guard<SpinLock> guard(lock_);
-    if (const std::uintptr_t slot = small_.pop(kHostClass); slot != 0)
-      return attach_shared(small_.current(kHostClass), slot, cls);
-  }
-  // No free slot in a host: a new host span, whose first slot is the shared
-  // span (the host's slot is not counted live: only the shared span's are).
-  std::uintptr_t p = 0;
-  try {
-    (void)new_span(kHostClass, bytes, &p, true, cls);
-  } catch (const OomAfterReclaim&) {
-    (void)new_span(kHostClass, bytes, &p, true, cls);  // as in allocate_small_slow
-  }
-  return p;
+std::uintptr_t Heap::take_first_slot(Span* s, int shared_class) {
+  const std::uintptr_t slot = s->pop();
+  // A host's first slot is not counted live: only its shared span's are.
+  if (shared_class >= 0) return attach_shared(s, slot, shared_class);
+  ++allocations_;
+  add_live(static_cast<std::int64_t>(s->slot_size));
+  return slot;
 }
 
 void* Heap::allocate_small_slow(int cls, std::size_t bytes) {
@@ -767,26 +747,33 @@ void* Heap::allocate_small_slow(int cls, std::size_t bytes) {
   {
     std::lock_guard<SpinLock> guard(lock_);
     cold = small_.cold(cls, device_.config().span_warmup_allocations);
+    // A class of small slots that holds less than a granule of spans takes
+    // a shared span of 256 KiB (docs/design-notes.md, "Shared spans"): in a
+    // free slot of a host span if one has it, else below in a new host.
     shared = !cold && shares_spans(cls);
+    if (shared) {
+      if (const std::uintptr_t slot = small_.pop(kHostClass); slot != 0)
+        return reinterpret_cast<void*>(attach_shared(small_.current(kHostClass), slot, cls));
+    }
   }
   // A class still cold is served best fit by the large arena: a span
   // commits a whole granule to one class of this stream, which a class of
   // a few blocks mostly wastes (docs/design-notes.md, "Fragmentation").
   if (cold) return allocate_large(bytes, *stream());
-  // A class of small slots that holds less than a granule of spans: a
-  // shared span of 256 KiB (docs/design-notes.md, "Shared spans").
-  if (shared) return reinterpret_cast<void*>(new_shared_span(cls, bytes));
-  // No free slot in any span of the class: a new span (its granule from this
-  // heap's arena or lent by another, with the lock released), whose first
-  // slot is ours (counted there, under the lock that took it).
+  // No free slot in any span of the class (or in any host): a new span (its
+  // granule from this heap's arena or lent by another, with the lock
+  // released), whose first slot is ours (counted there, under the lock that
+  // took it) or, for a host, its first shared span.
+  const int span_class = shared ? kHostClass : cls;
+  const int shared_class = shared ? cls : -1;
   std::uintptr_t p = 0;
   try {
-    (void)new_span(cls, bytes, &p);
+    (void)new_span(span_class, bytes, &p, true, shared_class);
   } catch (const OomAfterReclaim&) {
     // The out-of-memory path gave back unused spans of the device: their
     // granules may now be lent, which this attempt looked for before they
     // were there. Once more; then the refusal is final.
-    (void)new_span(cls, bytes, &p);
+    (void)new_span(span_class, bytes, &p, true, shared_class);
   }
   return reinterpret_cast<void*>(p);
 }

@@ -273,9 +273,9 @@ class Heap {
   Span* borrow_span(int size_class, StreamState& own, std::uintptr_t* first, int shared_class);
   // A class that takes its next span as a shared one (Config::shared_spans).
   bool shares_spans(int cls) const noexcept;
-  // A new shared span of class `cls` (its first slot returned): in a free
-  // slot of a host span, or of a new one.
-  std::uintptr_t new_shared_span(int cls, std::size_t bytes);
+  // The first slot of new span s, counted live; for a host (shared_class
+  // >= 0), the first slot of the shared span made in it. lock_ held.
+  std::uintptr_t take_first_slot(Span* s, int shared_class);
   // Slot `slot` of span `host` (taken, not counted live) becomes a shared
   // span of class `cls`; returns its first slot, counted. lock_ held.
   std::uintptr_t attach_shared(Span* host, std::uintptr_t slot, int cls);

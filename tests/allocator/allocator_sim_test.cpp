@@ -24,6 +24,7 @@
 
 #include "gvm/allocator.hpp"
 #include "gvm/vmm/sim_driver.hpp"
+#include "sim_allocator_fixture.hpp"
 
 namespace gvm::test {
 namespace {
@@ -54,14 +55,10 @@ std::string first_race(const SimDriver& sim) {
 }
 
 // Two simulated H200s with a 64 MiB budget each (tiny: OOM in milliseconds).
-class SimAllocatorTest : public ::testing::Test {
+class SimAllocatorTest : public SimAllocatorFixture {
  protected:
-  SimAllocatorTest() : sim_(SimDriver::uniform(vmm::Profile::h200, 2)) {
+  SimAllocatorTest() : SimAllocatorFixture(2) {
     for (int d = 0; d < 2; ++d) sim_->set_physical_budget(d, kTinyBudget);
-  }
-  ~SimAllocatorTest() override {
-    alloc_.reset();
-    for (StreamHandle s : streams_) (void)sim_->stream_destroy(0, s);
   }
 
   static Config tiny(Config c = {}) {
@@ -74,22 +71,6 @@ class SimAllocatorTest : public ::testing::Test {
     c.span_warmup_allocations = 0;
     return c;
   }
-  Allocator& make(Config c) {
-    alloc_.reset();
-    alloc_ = std::make_unique<Allocator>(*sim_, c);
-    return *alloc_;
-  }
-  StreamHandle new_stream() {
-    StreamHandle s = nullptr;
-    EXPECT_EQ(sim_->stream_create(0, &s), Result::success);
-    streams_.push_back(s);
-    return s;
-  }
-  ::testing::AssertionResult invariants() {
-    std::string why;
-    if (alloc_->check_invariants(&why)) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure() << why;
-  }
   // The driver objects that must not leak.
   struct Counts {
     std::size_t reservations, handles, mappings, classic, events, used;
@@ -101,10 +82,6 @@ class SimAllocatorTest : public ::testing::Test {
   }
 
   SimDriver& sim() { return *sim_; }
-
-  std::unique_ptr<SimDriver> sim_;
-  std::unique_ptr<Allocator> alloc_;
-  std::vector<StreamHandle> streams_;
 };
 
 // ============================================================ stream order ==

@@ -21,6 +21,7 @@
 
 #include "gvm/allocator.hpp"
 #include "gvm/vmm/sim_driver.hpp"
+#include "sim_allocator_fixture.hpp"
 
 namespace gvm::test {
 namespace {
@@ -31,24 +32,8 @@ using vmm::StreamHandle;
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-class FragmentationPolicy : public ::testing::Test {
+class FragmentationPolicy : public SimAllocatorFixture {
  protected:
-  FragmentationPolicy() : sim_(SimDriver::uniform(vmm::Profile::h200, 1)) {}
-  ~FragmentationPolicy() override {
-    alloc_.reset();
-    for (StreamHandle s : streams_) (void)sim_->stream_destroy(0, s);
-  }
-  Allocator& make(Config c = {}) {
-    alloc_.reset();
-    alloc_ = std::make_unique<Allocator>(*sim_, c);
-    return *alloc_;
-  }
-  StreamHandle new_stream() {
-    StreamHandle s = nullptr;
-    EXPECT_EQ(sim_->stream_create(0, &s), Result::success);
-    streams_.push_back(s);
-    return s;
-  }
   // The memory_map entry that starts at p (nullptr if none).
   static const BlockInfo* block_at(const std::vector<SegmentInfo>& map, const void* p) {
     const auto a = reinterpret_cast<std::uintptr_t>(p);
@@ -57,18 +42,7 @@ class FragmentationPolicy : public ::testing::Test {
         if (b.addr == a) return &b;
     return nullptr;
   }
-  DeviceStats stats() const { return alloc_->device_stats(0); }
   void small_growth_beside_an_idle_pool(double slack);
-  bool invariants() const {
-    std::string why;
-    const bool ok = alloc_->check_invariants(&why);
-    if (!ok) ADD_FAILURE() << why;
-    return ok;
-  }
-
-  std::unique_ptr<SimDriver> sim_;
-  std::unique_ptr<Allocator> alloc_;
-  std::vector<StreamHandle> streams_;
 };
 
 TEST_F(FragmentationPolicy, AColdClassIsServedBestFitUntilItHasMadeItsWarmupAllocations) {

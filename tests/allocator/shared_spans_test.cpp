@@ -17,6 +17,7 @@
 #include "gvm/allocator.hpp"
 #include "gvm/errors.hpp"
 #include "gvm/vmm/sim_driver.hpp"
+#include "sim_allocator_fixture.hpp"
 
 namespace gvm::test {
 namespace {
@@ -31,33 +32,13 @@ constexpr std::size_t kGranuleBytes = 2 * kMiB;
 
 std::uintptr_t addr(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
 
-class SharedSpans : public ::testing::Test {
+class SharedSpans : public SimAllocatorFixture {
  protected:
-  SharedSpans() : sim_(SimDriver::uniform(vmm::Profile::h200, 1)) {}
-  ~SharedSpans() override {
-    alloc_.reset();
-    for (StreamHandle s : streams_) (void)sim_->stream_destroy(0, s);
-  }
   Allocator& make(bool shared = true) {
     Config c;
     c.span_warmup_allocations = 0;  // spans from the first allocation
     c.shared_spans = shared;
-    alloc_.reset();
-    alloc_ = std::make_unique<Allocator>(*sim_, c);
-    return *alloc_;
-  }
-  StreamHandle new_stream() {
-    StreamHandle s = nullptr;
-    EXPECT_EQ(sim_->stream_create(0, &s), Result::success);
-    streams_.push_back(s);
-    return s;
-  }
-  DeviceStats stats() const { return alloc_->device_stats(0); }
-  bool invariants() const {
-    std::string why;
-    const bool ok = alloc_->check_invariants(&why);
-    if (!ok) ADD_FAILURE() << why;
-    return ok;
+    return SimAllocatorFixture::make(c);
   }
   // Eight classes of up to 32 KiB, `per_class` blocks each.
   std::vector<std::pair<void*, std::size_t>> eight_classes(Allocator& a, int per_class) {
@@ -67,10 +48,6 @@ class SharedSpans : public ::testing::Test {
       for (int i = 0; i < per_class; ++i) out.emplace_back(a.allocate(n, 0, nullptr), n);
     return out;
   }
-
-  std::unique_ptr<SimDriver> sim_;
-  std::unique_ptr<Allocator> alloc_;
-  std::vector<StreamHandle> streams_;
 };
 
 TEST_F(SharedSpans, EightClassesOfAFewBlocksShareOneGranule) {
@@ -235,7 +212,9 @@ TEST_F(SharedSpans, ChurnOverManyClassesKeepsTheInvariantsAndGivesEverythingBack
       live[i] = live.back();
       live.pop_back();
     }
-    if (step % 2000 == 0) ASSERT_TRUE(invariants()) << "step " << step;
+    if (step % 2000 == 0) {
+      ASSERT_TRUE(invariants()) << "step " << step;
+    }
   }
   for (auto& [p, n] : live) a.deallocate(p, n, 0, nullptr);
   EXPECT_TRUE(invariants());
