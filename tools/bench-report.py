@@ -177,21 +177,31 @@ def section_pair(res, errs):
 
 def section_mixed(res, errs):
     data = {}
+    calls = {}  # gvmalloc's driver calls per operation in the timed loop
     for r in res:
         m = re.match(r"BM_mixed/([^/]+)$", strip_suffixes(r["run"]))
         if m and "ns" in r:
             per_op = r["raw"].get("time_per_op")
             data[m.group(1)] = per_op * 1e9 if per_op else r["ns"] / 2
+            if r["raw"].get("driver_calls_per_op") is not None:
+                calls[m.group(1)] = r["raw"]["driver_calls_per_op"]
     out = ["## Mixed workload (gvm-bench-alloc BM_mixed)", ""]
     if not data:
         out.append("No results" + skipped_note(errs, "BM_mixed") + ".")
         return out, data
     base = data.get(GVM)
-    rows = [[i, cell(data[i], None if i == GVM else base)] for i in sorted(data, key=order_key)]
+    impls = sorted(data, key=order_key)
+    rows = [[i, cell(data[i], None if i == GVM else base)] +
+            ([("%.2f" % (calls[i] * 1000)) if i in calls else "—"] if calls else [])
+            for i in impls]
     out.append("1000 live blocks, 256 B–64 MiB log-uniform; one op = one allocate or "
-               "one free. In brackets: ÷ gvm_cuda's.")
+               "one free. In brackets: ÷ gvm_cuda's." +
+               (" Driver calls: gvmalloc's own in the timed loop (growths and the "
+                "releases before them), per 1000 operations; the others' are inside "
+                "the CUDA runtime." if calls else ""))
     out.append("")
-    out.append(table(["allocator", "time per op"], rows))
+    out.append(table(["allocator", "time per op"] + (["driver calls per 1000 ops"] if calls else []),
+                     rows))
     out += ["", skipped_list(errs, "BM_mixed")]
     return out, data
 
