@@ -24,8 +24,16 @@
 //   BM_mixed/<impl>         1000 live blocks, sizes log-uniform 256 B-64 MiB;
 //                           an iteration frees a random live block and
 //                           allocates a random size in its place (one fixed
-//                           sequence for every impl). Time = ns per 2 ops;
-//                           counter time_per_op = seconds per operation.
+//                           plan of 65,536 steps, repeated, for every impl).
+//                           Warm: one pass of the plan runs before the timing
+//                           (as the pair's first pair does), so the time does
+//                           not depend on how long the run is. Time = ns per
+//                           2 ops; counter time_per_op = seconds per operation.
+//   BM_mixed_first_pass/<impl>  that first pass alone, from a fresh allocator
+//                           with the 1000 blocks allocated: the growth to the
+//                           workload's working set (every allocator's
+//                           cudaMalloc or cuMemCreate calls are here). Exactly
+//                           65,536 iterations, 3 repetitions.
 //
 // Medians: --benchmark_repetitions=10 --benchmark_report_aggregates_only=true
 // (docs/replay.md, "gvm-bench-alloc"). gvmalloc reads GVM_CONF.
@@ -36,6 +44,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -183,39 +192,95 @@ const MixedPlan& mixed_plan() {
   return plan;
 }
 
-void bm_mixed(benchmark::State& state, BackendKind kind) {
+// One step of the plan: the block in slot plan.slot[step] freed, a block of
+// plan.bytes[step] allocated in its place. Throws what the allocator throws.
+void mixed_step(Subject& impl, const MixedPlan& plan, std::size_t step, std::vector<void*>& ptrs,
+                std::vector<std::size_t>& sizes) {
+  const std::uint32_t s = plan.slot[step];
+  impl.deallocate(ptrs[s], sizes[s]);
+  ptrs[s] = nullptr;
+  sizes[s] = plan.bytes[step];
+  ptrs[s] = impl.allocate(sizes[s]);
+}
+
+// One allocator running the plan: its live blocks and where in the plan it is.
+struct MixedRun {
+  std::unique_ptr<Subject> impl;
+  std::vector<void*> ptrs;
+  std::vector<std::size_t> sizes;
+  std::size_t step = 0;
+};
+
+// A fresh allocator with the plan's 1000 blocks allocated (and, if warm, one
+// pass of the plan run); nullptr with the reason in *why.
+std::unique_ptr<MixedRun> start_mixed(BackendKind kind, bool warm, std::string* why) {
+  const MixedPlan& plan = mixed_plan();
+  auto run = std::make_unique<MixedRun>();
+  run->impl = make_subject(kind, why);
+  if (!run->impl) return nullptr;
+  run->ptrs.assign(kMixedLive, nullptr);
+  run->sizes = plan.initial;
+  try {
+    for (std::size_t i = 0; i < kMixedLive; ++i) run->ptrs[i] = run->impl->allocate(run->sizes[i]);
+    if (warm)
+      for (std::size_t step = 0; step < kMixedSteps; ++step)
+        mixed_step(*run->impl, plan, step, run->ptrs, run->sizes);
+    run->impl->synchronize();
+  } catch (const std::exception& e) {
+    release_all(*run->impl, run->ptrs, run->sizes);
+    *why = e.what();
+    return nullptr;
+  }
+  return run;
+}
+
+// The warm runs, one per kind, kept from one invocation of BM_mixed to the
+// next (Google Benchmark calls it several times to size the run, and once
+// per repetition): warming again each time would cost cudaMalloc's row about
+// 3 s a call. Released by release_warm_mixed() before the process ends.
+std::map<BackendKind, std::unique_ptr<MixedRun>>& warm_mixed() {
+  static std::map<BackendKind, std::unique_ptr<MixedRun>> runs;
+  return runs;
+}
+
+void release_warm_mixed() {
+  for (auto& [kind, run] : warm_mixed())
+    if (run) release_all(*run->impl, run->ptrs, run->sizes);
+  warm_mixed().clear();
+}
+
+// BM_mixed (warm, the run kept between invocations) and BM_mixed_first_pass
+// (the first pass timed, from a fresh allocator each time).
+void bm_mixed(benchmark::State& state, BackendKind kind, bool warm) {
   const MixedPlan& plan = mixed_plan();
   std::string why;
-  std::unique_ptr<Subject> impl = make_subject(kind, &why);
-  if (!impl) {
+  std::unique_ptr<MixedRun> fresh;
+  MixedRun* run = nullptr;
+  if (warm) {
+    std::unique_ptr<MixedRun>& kept = warm_mixed()[kind];
+    if (!kept) kept = start_mixed(kind, true, &why);
+    run = kept.get();
+  } else {
+    fresh = start_mixed(kind, false, &why);
+    run = fresh.get();
+  }
+  if (run == nullptr) {
+    if (warm) warm_mixed().erase(kind);
     state.SkipWithError(why.c_str());
     return;
   }
   if (*label_of(kind)) state.SetLabel(label_of(kind));
-  std::vector<void*> ptrs(kMixedLive, nullptr);
-  std::vector<std::size_t> sizes = plan.initial;
-  try {
-    for (std::size_t i = 0; i < kMixedLive; ++i) ptrs[i] = impl->allocate(sizes[i]);
-    impl->synchronize();
-  } catch (const std::exception& e) {
-    release_all(*impl, ptrs, sizes);
-    state.SkipWithError(e.what());
-    return;
-  }
-  const std::optional<std::uint64_t> calls_before = impl->backend->driver_calls();
-  std::size_t step = 0;
+  const std::optional<std::uint64_t> calls_before = run->impl->backend->driver_calls();
+  bool failed = false;
   for (auto _ : state) {
-    const std::uint32_t s = plan.slot[step];
     try {
-      impl->deallocate(ptrs[s], sizes[s]);
-      ptrs[s] = nullptr;
-      sizes[s] = plan.bytes[step];
-      ptrs[s] = impl->allocate(sizes[s]);
+      mixed_step(*run->impl, plan, run->step, run->ptrs, run->sizes);
     } catch (const std::exception& e) {
       state.SkipWithError(e.what());
+      failed = true;
       break;
     }
-    if (++step == kMixedSteps) step = 0;
+    if (++run->step == kMixedSteps) run->step = 0;
   }
   const auto ops = static_cast<double>(2 * state.iterations());
   state.SetItemsProcessed(static_cast<std::int64_t>(ops));  // items = operations
@@ -226,11 +291,15 @@ void bm_mixed(benchmark::State& state, BackendKind kind) {
   // where the real driver's time per op exceeds the simulated one, these are
   // why.
   if (calls_before) {
-    const std::optional<std::uint64_t> calls_after = impl->backend->driver_calls();
+    const std::optional<std::uint64_t> calls_after = run->impl->backend->driver_calls();
     state.counters["driver_calls_per_op"] =
         static_cast<double>(*calls_after - *calls_before) / ops;
   }
-  release_all(*impl, ptrs, sizes);
+  // A failed step leaves a slot without its block: that run is not reused.
+  if (!warm || failed) {
+    release_all(*run->impl, run->ptrs, run->sizes);
+    if (warm) warm_mixed().erase(kind);
+  }
 }
 
 // Registers the kinds that can run here; says once per reason which cannot.
@@ -253,8 +322,16 @@ void register_benchmarks() {
   for (BackendKind kind : here) {
     benchmark::RegisterBenchmark(
         (std::string("BM_mixed/") + gvm::bench::backend_name(kind)).c_str(),
-        [kind](benchmark::State& st) { bm_mixed(st, kind); })
+        [kind](benchmark::State& st) { bm_mixed(st, kind, true); })
         ->UseRealTime();
+  }
+  for (BackendKind kind : here) {
+    benchmark::RegisterBenchmark(
+        (std::string("BM_mixed_first_pass/") + gvm::bench::backend_name(kind)).c_str(),
+        [kind](benchmark::State& st) { bm_mixed(st, kind, false); })
+        ->UseRealTime()
+        ->Iterations(static_cast<benchmark::IterationCount>(kMixedSteps))
+        ->Repetitions(3);
   }
 }
 
@@ -273,6 +350,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("pytorch_cuda_alloc_conf", torch_conf ? torch_conf : "");
   register_benchmarks();
   benchmark::RunSpecifiedBenchmarks();
+  release_warm_mixed();  // before the backends' hosts go with the statics
   benchmark::Shutdown();
   return 0;
 }

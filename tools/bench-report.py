@@ -103,7 +103,7 @@ def errors_of(directory, pattern, problems):
 
 
 def strip_suffixes(run):
-    return re.sub(r"/(real_time|manual_time|iterations:\d+)", "", run)
+    return re.sub(r"/(real_time|manual_time|iterations:\d+|repeats:\d+)", "", run)
 
 
 # --- formatting ---------------------------------------------------------------------
@@ -176,32 +176,52 @@ def section_pair(res, errs):
 
 
 def section_mixed(res, errs):
-    data = {}
+    data = {}   # warm: after one untimed pass of the plan
+    first = {}  # BM_mixed_first_pass: that pass, from a fresh allocator
     calls = {}  # gvmalloc's driver calls per operation in the timed loop
+    first_calls = {}
     for r in res:
-        m = re.match(r"BM_mixed/([^/]+)$", strip_suffixes(r["run"]))
+        m = re.match(r"BM_mixed(_first_pass)?/([^/]+)$", strip_suffixes(r["run"]))
         if m and "ns" in r:
             per_op = r["raw"].get("time_per_op")
-            data[m.group(1)] = per_op * 1e9 if per_op else r["ns"] / 2
+            ns = per_op * 1e9 if per_op else r["ns"] / 2
+            (first if m.group(1) else data)[m.group(2)] = ns
             if r["raw"].get("driver_calls_per_op") is not None:
-                calls[m.group(1)] = r["raw"]["driver_calls_per_op"]
+                (first_calls if m.group(1) else calls)[m.group(2)] = r["raw"]["driver_calls_per_op"]
     out = ["## Mixed workload (gvm-bench-alloc BM_mixed)", ""]
     if not data:
         out.append("No results" + skipped_note(errs, "BM_mixed") + ".")
         return out, data
     base = data.get(GVM)
-    impls = sorted(data, key=order_key)
-    rows = [[i, cell(data[i], None if i == GVM else base)] +
-            ([("%.2f" % (calls[i] * 1000)) if i in calls else "—"] if calls else [])
-            for i in impls]
-    out.append("1000 live blocks, 256 B–64 MiB log-uniform; one op = one allocate or "
-               "one free. In brackets: ÷ gvm_cuda's." +
+    first_base = first.get(GVM)
+    impls = sorted(set(data) | set(first), key=order_key)
+
+    def per_1000(d, i):
+        return ("%.2f" % (d[i] * 1000)) if i in d else "—"
+
+    rows = []
+    for i in impls:
+        row = [i, cell(data.get(i), None if i == GVM else base)]
+        if calls:
+            row.append(per_1000(calls, i))
+        if first:
+            row.append(cell(first.get(i), None if i == GVM else first_base))
+            if first_calls:
+                row.append(per_1000(first_calls, i))
+        rows.append(row)
+    head = ["allocator", "time per op"] + (["driver calls per 1000 ops"] if calls else [])
+    if first:
+        head += ["first pass: time per op"] + (["its driver calls per 1000 ops"] if first_calls else [])
+    out.append("1000 live blocks, 256 B–64 MiB log-uniform, a plan of 65,536 steps repeated; "
+               "one op = one allocate or one free. Timed warm, after one untimed pass of the plan"
+               + ("; the first pass from a fresh allocator (its growth to the working set) "
+                  "timed apart (BM_mixed_first_pass)" if first else "")
+               + ". In brackets: ÷ gvm_cuda's." +
                (" Driver calls: gvmalloc's own in the timed loop (growths and the "
                 "releases before them), per 1000 operations; the others' are inside "
-                "the CUDA runtime." if calls else ""))
+                "the CUDA runtime." if calls or first_calls else ""))
     out.append("")
-    out.append(table(["allocator", "time per op"] + (["driver calls per 1000 ops"] if calls else []),
-                     rows))
+    out.append(table(head, rows))
     out += ["", skipped_list(errs, "BM_mixed")]
     return out, data
 

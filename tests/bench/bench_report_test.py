@@ -64,6 +64,10 @@ def main():
             median("BM_mixed/gvm_cuda/real_time", 700.0, time_per_op=3.5e-7,
                    driver_calls_per_op=1.9e-4),
             median("BM_mixed/torch/real_time", 1400.0, time_per_op=7.0e-7),
+            median("BM_mixed_first_pass/gvm_cuda/iterations:65536/repeats:3/real_time", 2000.0,
+                   time_per_op=1.0e-6, driver_calls_per_op=8.5e-3),
+            median("BM_mixed_first_pass/torch/iterations:65536/repeats:3/real_time", 3000.0,
+                   time_per_op=1.5e-6),
             error("BM_mixed/cudaMalloc/real_time", "no CUDA device (fake reason)"),
         ]))
         write("alloc-expandable.json", gb([
@@ -123,9 +127,11 @@ def main():
               "pair row for 256 B with ratios vs gvm_cuda")
         check("| 5 µs" not in text, "means are not reported")
         # Mixed: time_per_op wins over real_time / 2.
-        check("| torch | 700 ns (2.00×) | — |" in text, "mixed row from time_per_op")
+        check("| torch | 700 ns (2.00×) | — | 1.5 µs (1.50×) |" in text,
+              "mixed row from time_per_op, the first pass beside it")
         # gvmalloc's driver calls per 1000 operations beside its time; none for the others.
-        check("| gvm_cuda | 350 ns | 0.19 |" in text, "mixed row with gvmalloc's driver calls")
+        check("| gvm_cuda | 350 ns | 0.19 | 1 µs | 8.50 |" in text,
+              "mixed row with gvmalloc's driver calls, warm and in the first pass")
         check("BM_mixed/cudaMalloc: no CUDA device (fake reason)" in text,
               "skipped variant listed with its reason")
         # Threads: 60 M / 15 M = 4x.
