@@ -197,7 +197,7 @@ def section_mixed(res, errs):
     impls = sorted(set(data) | set(first), key=order_key)
 
     def per_1000(d, i):
-        return ("%.2f" % (d[i] * 1000)) if i in d else "—"
+        return ("%.3g" % (d[i] * 1000)) if i in d else "—"
 
     rows = []
     for i in impls:
