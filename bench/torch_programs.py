@@ -8,6 +8,10 @@ expandable segments, and gvmalloc's native backend, side by side in one run
                                                           end by then, judged by the
                                                           program's runs before it; the
                                                           others are reported as not run)
+                                   [--rounds N]  (the allocators N times, each round in
+                                                  the order of the one before rotated by
+                                                  one: gvm,native,expandable then
+                                                  native#2,expandable#2,gvm#2, ...)
 
 Programs (random initialisation, configurations only: nothing is downloaded):
   resnet50  torchvision ResNet-50 training, torch.backends.cudnn.benchmark=True,
@@ -21,6 +25,8 @@ Programs (random initialisation, configurations only: nothing is downloaded):
 before growth, so no fence or unmap: what the policy's releases cost),
 gvm-unshared (gvmalloc with shared_spans:false: every span a granule), and any
 name again with a suffix (gvm#2) for a second run in the same order.
+--rounds N writes those suffixes itself: no allocator runs first in every round,
+so a host that speeds up or slows down over the set does not favour one of them.
 
 Each program runs once per allocator, each run in a process of its own (the
 allocator is chosen before CUDA starts) with the same seeds; the ResNet-50 run
@@ -397,6 +403,7 @@ def rounds_table(runs):
     by more than the allocators do (docs/pytorch.md), so a verdict compares
     runs of one round, never of two."""
     lines = []
+    medians = {}
     for program, rs in runs.items():
         done = [r for r in rs if "error" not in r]
         by_round = {}
@@ -435,7 +442,33 @@ def rounds_table(runs):
                 both += 1 if len(ratios) == 2 and max(ratios) <= 1.0 else 0
             lines.append("%-9s %-11s %6d  %-26s %-26s %d of %d" % (
                 program, name, rounds, " ".join(vs_native), " ".join(vs_expandable), both, rounds))
+            medians[(program, name)] = [median_of(vs_native), median_of(vs_expandable)]
+    if lines:
+        lines += ["", "=== Rounds, the median of each allocator's ratios over its rounds",
+                  "%-9s %-11s %10s %14s" % ("program", "allocator", "vs native", "vs expandable")]
+        for (program, name), (n, e) in medians.items():
+            lines.append("%-9s %-11s %10s %14s" % (program, name, n, e))
     return lines
+
+
+def median_of(ratios):
+    """The median of the ratios printed in a rounds row ("—": none)."""
+    values = [float(r) for r in ratios if r != "—"]
+    return "%.3f" % statistics.median(values) if values else "—"
+
+
+def rotated_rounds(allocators, rounds):
+    """The allocators `rounds` times, round r (from 1) rotated left by r - 1 and
+    named alloc#r from round 2 on."""
+    if any("#" in a for a in allocators):
+        raise SystemExit("--rounds names the rounds itself: give the allocators without #n "
+                         "(got %s)" % ",".join(allocators))
+    order = []
+    for r in range(1, rounds + 1):
+        k = (r - 1) % len(allocators)
+        for a in allocators[k:] + allocators[:k]:
+            order.append(a if r == 1 else "%s#%d" % (a, r))
+    return order
 
 
 def render(runs, seconds):
@@ -524,6 +557,7 @@ def main(argv):
         return 0
     out_dir = os.environ.get("OUT") or "torch-programs-out"
     programs, allocators, steps, deadline = list(PROGRAMS), ["native", "gvm", "expandable"], 16, None
+    rounds = 1
     args = list(argv)
     while args:
         a = args.pop(0)
@@ -537,8 +571,14 @@ def main(argv):
             steps = int(args.pop(0))
         elif a == "--deadline":
             deadline = float(args.pop(0))
+        elif a == "--rounds":
+            rounds = int(args.pop(0))
+            if rounds < 1:
+                raise SystemExit("--rounds: at least 1 (got %d)" % rounds)
         else:
             raise SystemExit(__doc__)
+    if rounds > 1:
+        allocators = rotated_rounds(allocators, rounds)
     os.makedirs(out_dir, exist_ok=True)
     start = time.monotonic()
     runs = {}

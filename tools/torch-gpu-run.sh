@@ -28,7 +28,9 @@
 # (300), GVM_TORCH_INFO_S (120). Each step is also killed 60 s after its budget.
 # GVM_TORCH_CASES / GVM_TORCH_PROGRAMS (comma lists) narrow semantics and
 # programs; GVM_TORCH_ALLOCATORS (a comma list, e.g. gvm,native,expandable,gvm#2)
-# the programs' runs and their order; GVM_TORCH_CMAKE_ARGS: more configure arguments (build-torch only);
+# the programs' runs and their order; GVM_TORCH_ROUNDS=N runs them N times, each round the
+# one before rotated by one (bench/torch_programs.py --rounds);
+# GVM_TORCH_CMAKE_ARGS: more configure arguments (build-torch only);
 # GVM_TORCH_JOBS: parallel jobs for build and cpu (default: nproc).
 # A step that fails is reported and the rest still run; logs and tables go to
 # $OUT (default ./torch-gpu-out). Exit status 1 if a step failed.
@@ -127,6 +129,7 @@ if want programs; then
   args=(--out "$OUT_DIR/torch-programs" --deadline "$PROGRAMS_S")
   [ -n "${GVM_TORCH_PROGRAMS:-}" ] && args+=(--programs "$GVM_TORCH_PROGRAMS")
   [ -n "${GVM_TORCH_ALLOCATORS:-}" ] && args+=(--allocators "$GVM_TORCH_ALLOCATORS")
+  [ -n "${GVM_TORCH_ROUNDS:-}" ] && args+=(--rounds "$GVM_TORCH_ROUNDS")
   step programs "$PROGRAMS_S" "$PYTHON" "$ROOT/bench/torch_programs.py" "${args[@]}"
 fi
 

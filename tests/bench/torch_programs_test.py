@@ -136,6 +136,26 @@ def main(path):
               "expandable's rounds row: %s" % row)
         check(tp.split_round("gvm#12") == ("gvm", 12) and tp.split_round("gvm-keep") == ("gvm-keep", 1),
               "round names")
+        medians = [l.split() for l in text.split("=== Rounds, the median")[-1].splitlines()
+                   if l.startswith("gpt2")]
+        check(["gpt2", "gvm", "0.950", "0.900"] in medians and
+              ["gpt2", "expandable", "1.000", "1.000"] in medians,
+              "the medians over rounds: %s" % medians)
+        # --rounds: each round the one before rotated by one, named alloc#r from round 2.
+        rc, started, text = run(tp, ["--out", d, "--programs", "gpt2", "--allocators",
+                                     "gvm,expandable,native", "--rounds", "3"], walls)
+        check([a for _, a, _ in started] ==
+              ["gvm", "expandable", "native", "expandable#2", "native#2", "gvm#2",
+               "native#3", "gvm#3", "expandable#3"], "rotated rounds: %s" % started)
+        check(tp.rotated_rounds(["a", "b"], 3) == ["a", "b", "b#2", "a#2", "a#3", "b#3"],
+              "two allocators, three rounds")
+        for bad in (["--rounds", "0"], ["--allocators", "gvm#2,native", "--rounds", "2"]):
+            try:
+                tp.main(["--out", d] + bad)
+                check(False, "%s is refused" % bad)
+            except SystemExit as e:
+                check("--rounds" in str(e), "%s is refused with a message naming --rounds: %s"
+                      % (bad, e))
         rc, started, text = run(tp, ["--out", d, "--programs", "gpt2"], walls)
         check("=== Rounds" not in text, "one round: no rounds table")
         # ResNet-50 in rounds that name a second native run already: no repeat is
