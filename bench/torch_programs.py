@@ -425,6 +425,7 @@ def rounds_table(runs):
             names += [a for a in by_round[n] if a not in names]
         for name in names:
             vs_native, vs_expandable, both, rounds = [], [], 0, 0
+            raw = {"native": [], "expandable": []}
             for n in sorted(by_round):
                 r = by_round[n].get(name)
                 if r is None:
@@ -438,11 +439,12 @@ def rounds_table(runs):
                         continue
                     ratio = r["median_step_s"] / ref["median_step_s"]
                     out.append("%.3f" % ratio)
+                    raw[ref_name].append(ratio)
                     ratios.append(ratio)
                 both += 1 if len(ratios) == 2 and max(ratios) <= 1.0 else 0
             lines.append("%-9s %-11s %6d  %-26s %-26s %d of %d" % (
                 program, name, rounds, " ".join(vs_native), " ".join(vs_expandable), both, rounds))
-            medians[(program, name)] = [median_of(vs_native), median_of(vs_expandable)]
+            medians[(program, name)] = [median_of(raw["native"]), median_of(raw["expandable"])]
     if lines:
         lines += ["", "=== Rounds, the median of each allocator's ratios over its rounds",
                   "%-9s %-11s %10s %14s" % ("program", "allocator", "vs native", "vs expandable")]
@@ -452,9 +454,8 @@ def rounds_table(runs):
 
 
 def median_of(ratios):
-    """The median of the ratios printed in a rounds row ("—": none)."""
-    values = [float(r) for r in ratios if r != "—"]
-    return "%.3f" % statistics.median(values) if values else "—"
+    """The median of a rounds row's ratios, printed ("—": none)."""
+    return "%.3f" % statistics.median(ratios) if ratios else "—"
 
 
 def rotated_rounds(allocators, rounds):

@@ -196,7 +196,7 @@ def section_mixed(res, errs):
     out = ["## Mixed workload (gvm-bench-alloc BM_mixed)", ""]
     if not data:
         out.append("No results" + skipped_note(errs, "BM_mixed") + ".")
-        return out, data
+        return out, data, first
     base = data.get(GVM)
     first_base = first.get(GVM)
     impls = sorted(set(data) | set(first), key=order_key)
@@ -228,7 +228,7 @@ def section_mixed(res, errs):
     out.append("")
     out.append(table(head, rows))
     out += ["", skipped_list(errs, "BM_mixed")]
-    return out, data
+    return out, data, first
 
 
 def section_threads(res, errs):
@@ -716,8 +716,7 @@ def main():
     e_peer = errors_of(directory, "peer*.json", problems)
 
     pair_md, pair = section_pair(alloc, e_alloc)
-    mixed_md, mixed = section_mixed(alloc, e_alloc)
-    mixed_first = parse_mixed(alloc)[1]
+    mixed_md, mixed, mixed_first = section_mixed(alloc, e_alloc)
     thr_md, thr = section_threads(mt, e_mt)
     growth_md, growth, growth_missed = section_growth(growth_res, e_growth)
     replay_md, replay, replay_notes = section_replay(directory, problems)
