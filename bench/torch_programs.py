@@ -23,8 +23,10 @@ Programs (random initialisation, configurations only: nothing is downloaded):
 
 --allocators also takes gvm-keep (gvmalloc with reserve_slack:-1: no release
 before growth, so no fence or unmap: what the policy's releases cost),
-gvm-unshared (gvmalloc with shared_spans:false: every span a granule), and any
-name again with a suffix (gvm#2) for a second run in the same order.
+gvm-unshared (gvmalloc with shared_spans:false: every span a granule),
+gvm-base (gvmalloc of the build tree $GVM_BASE_BUILD: a change beside its base
+in one rotation), and any name again with a suffix (gvm#2) for a second run in
+the same order.
 --rounds N writes those suffixes itself: no allocator runs first in every round,
 so a host that speeds up or slows down over the set does not favour one of them.
 
@@ -70,11 +72,28 @@ ALLOCATORS = {
     # gvmalloc with every span a granule (no shared spans): what sharing a
     # granule between small classes saves a program's peak.
     "gvm-unshared": {"GVM_CONF": "shared_spans:false"},
+    # gvmalloc of another build tree ($GVM_BASE_BUILD, e.g. of the commit
+    # before a change): the change and its base in the same rotation.
+    "gvm-base": {},
 }
 
 
 def is_gvm(allocator):
-    return allocator.split("#")[0] in ("gvm", "gvm-keep", "gvm-unshared")
+    return allocator.split("#")[0] in ("gvm", "gvm-keep", "gvm-unshared", "gvm-base")
+
+
+def base_libraries(build):
+    """The two libraries of build tree `build` for gvm-base, or SystemExit
+    saying what is missing."""
+    if not build:
+        raise SystemExit("gvm-base runs gvmalloc of another build tree: set GVM_BASE_BUILD to it")
+    libs = {"GVMALLOC_LIBRARY": os.path.join(build, "allocator", "libgvmalloc.so"),
+            "GVMALLOC_TORCH_LIBRARY": os.path.join(build, "allocator", "libgvmalloc_torch.so")}
+    for path in libs.values():
+        if not os.path.exists(path):
+            raise SystemExit("gvm-base: %s is not there (GVM_BASE_BUILD=%s: build its gvmalloc "
+                             "and gvmalloc_torch targets first)" % (path, build))
+    return libs
 
 
 def result(**kw):
@@ -359,6 +378,8 @@ def run_one(program, allocator, steps, timeout):
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.update(ALLOCATORS[allocator.split("#")[0]])
+    if allocator.split("#")[0] == "gvm-base":
+        env.update(base_libraries(os.environ.get("GVM_BASE_BUILD")))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.join(ROOT, "integrations", "python"),
                                                     env.get("PYTHONPATH")) if p)
     env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -578,6 +599,12 @@ def main(argv):
                 raise SystemExit("--rounds: at least 1 (got %d)" % rounds)
         else:
             raise SystemExit(__doc__)
+    unknown = [a for a in allocators if a.split("#")[0] not in ALLOCATORS]
+    if unknown:
+        raise SystemExit("--allocators: unknown %s (known: %s)" % (",".join(unknown),
+                                                                   ",".join(ALLOCATORS)))
+    if any(a.split("#")[0] == "gvm-base" for a in allocators):
+        base_libraries(os.environ.get("GVM_BASE_BUILD"))  # refused before any run
     if rounds > 1:
         allocators = rotated_rounds(allocators, rounds)
     os.makedirs(out_dir, exist_ok=True)

@@ -1,5 +1,6 @@
 #include "access_tracker.hpp"
 
+#include <cstdint>
 #include <mutex>
 #include <string>
 
@@ -9,22 +10,40 @@ AccessTracker::AccessTracker(vmm::Driver& driver, std::vector<StreamRegistry*> r
                              bool fence_enabled)
     : driver_(driver), registries_(std::move(registries)), fence_enabled_(fence_enabled) {}
 
-AccessTracker::Via AccessTracker::cover(const Token& t) {
+AccessTracker::Via AccessTracker::cover(const Token& t, StreamState::Record** out) {
   StreamState& s = *t.stream;
   if (s.finished(t)) return Via::nothing;  // complete, or a later record was seen done
-  if (!s.event().empty() && s.recorded() > t.epoch) return Via::event;
+  if (StreamState::Record* r = s.covering(t.epoch); r != nullptr) {
+    *out = r;
+    return Via::event;
+  }
   if (s.retired()) return Via::device_sync;
-  if (s.event().empty()) {
+  StreamState::Record* r = record(s);
+  if (r == nullptr) return Via::device_sync;
+  *out = r;
+  return Via::event;
+}
+
+StreamState::Record* AccessTracker::record(StreamState& s) {
+  StreamState::Record& r = s.next_record();
+  if (r.event.empty()) {
     try {
-      s.event() = vmm::Event(driver_, s.device());
+      r.event = vmm::Event(driver_, s.device());
     } catch (const vmm::DriverError&) {
-      return Via::device_sync;
+      return nullptr;
     }
   }
   const std::uint64_t n = s.begin_record();
-  if (s.event().record(s.handle()) != vmm::Result::success) return Via::device_sync;
-  s.end_record(n);
-  return Via::event;
+  r.number = 0;  // what it held is overwritten, whether or not this record succeeds
+  if (r.event.record(s.handle()) != vmm::Result::success) return nullptr;
+  r.number = n;
+  return &r;
+}
+
+void AccessTracker::mark(StreamState& s) {
+  if (capturing() || s.retired()) return;
+  std::lock_guard<std::mutex> guard(s.lock());
+  (void)record(s);  // a failure leaves one record fewer: a later wait records anew
 }
 
 void AccessTracker::sync_device(int device) {
@@ -57,11 +76,12 @@ std::uint64_t AccessTracker::order(const WaitSet& waits, StreamState& consumer) 
     Via via;
     {
       std::lock_guard<std::mutex> guard(t.stream->lock());
-      via = cover(t);
+      StreamState::Record* r = nullptr;
+      via = cover(t, &r);
       if (via == Via::event) {
-        if (driver_.stream_wait_event(consumer.device(), consumer.handle(),
-                                      t.stream->event().get()) == vmm::Result::success)
-          consumer.note_waited(t.stream, t.stream->recorded());
+        if (driver_.stream_wait_event(consumer.device(), consumer.handle(), r->event.get()) ==
+            vmm::Result::success)
+          consumer.note_waited(t.stream, r->number);
         else
           via = Via::device_sync;
       }
@@ -80,7 +100,8 @@ std::uint64_t AccessTracker::order(const WaitSet& waits, StreamState& consumer) 
 void AccessTracker::cover_now(const WaitSet& waits) {
   for (int i = 0; i < waits.size(); ++i) {
     std::lock_guard<std::mutex> guard(waits[i].stream->lock());
-    (void)cover(waits[i]);
+    StreamState::Record* r = nullptr;
+    (void)cover(waits[i], &r);
   }
 }
 
@@ -89,11 +110,23 @@ std::size_t AccessTracker::poll(int device) {
   std::size_t moved = 0;
   for (StreamState* s : registry(device).live()) {
     std::lock_guard<std::mutex> guard(s->lock());
-    const std::uint64_t n = s->recorded();
-    if (s->event().empty() || n <= s->done()) continue;
-    if (driver_.event_query(s->event().get()) != vmm::Result::success) continue;  // not_ready
-    s->note_done(n);
-    ++moved;
+    // Newest first: the first one seen complete says the most; older ones
+    // are asked only while the newer are still running.
+    std::uint64_t below = UINT64_MAX;
+    for (;;) {
+      StreamState::Record* newest = nullptr;
+      for (StreamState::Record& r : s->records())
+        if (!r.event.empty() && r.number > s->done() && r.number < below &&
+            (newest == nullptr || r.number > newest->number))
+          newest = &r;
+      if (newest == nullptr) break;
+      if (driver_.event_query(newest->event.get()) == vmm::Result::success) {
+        s->note_done(newest->number);
+        ++moved;
+        break;
+      }
+      below = newest->number;  // not_ready: an older one may be done
+    }
   }
   return moved;
 }
@@ -107,10 +140,11 @@ void AccessTracker::fence(const WaitSet& waits) {
     Via via;
     {
       std::lock_guard<std::mutex> guard(t.stream->lock());
-      via = cover(t);
+      StreamState::Record* r = nullptr;
+      via = cover(t, &r);
       if (via == Via::event) {
-        if (t.stream->event().synchronize() == vmm::Result::success)
-          t.stream->note_done(t.stream->recorded());
+        if (r->event.synchronize() == vmm::Result::success)
+          t.stream->note_done(r->number);
         else
           via = Via::device_sync;
       }

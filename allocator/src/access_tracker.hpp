@@ -11,9 +11,10 @@
 // For a token of stream S: nothing if S is the consumer, if the token's work
 // is known finished (S complete, or a later record of S seen done) or, for
 // order(), if the consumer already waited on a record that covers it
-// (stream_state.hpp); else S's event, if a record of it began after the token (it covers the
-// token); else a new record on S, if S is live (its handle may be used, see
-// stream_state.hpp); else - S retired with work of unknown extent - a
+// (stream_state.hpp); else the oldest of S's kept records that began after
+// the token (it covers the token, and waits for the least work queued after
+// it: stream_state.hpp, "Records kept"); else a new record on S, if S is live
+// (its handle may be used, see stream_state.hpp); else - S retired with work of unknown extent - a
 // synchronisation of S's device, after which every state retired before it
 // is complete. An event call that fails falls back to that sync too; only a
 // failing sync is an error (DriverError: the caller leaves memory as it is).
@@ -46,6 +47,9 @@ class AccessTracker {
   // Records now, on every live stream in `waits`, an event that covers its
   // token (record_stream's event at free time). Never waits.
   void cover_now(const WaitSet& waits);
+  // A record on s now, without a wait (at a growth: see stream_state.hpp,
+  // "Records kept"). Not during a capture, nor on a retired stream.
+  void mark(StreamState& s);
   // Asks the driver which of `device`'s live streams have finished the work
   // their event covers (cuEventQuery, never a wait), so that free memory
   // their tokens kept apart can merge (stream_state.hpp, "Work known
@@ -70,8 +74,11 @@ class AccessTracker {
 
  private:
   enum class Via { nothing, event, device_sync };
-  // Makes S's event cover `t` (recording if needed); lock of S held by caller.
-  Via cover(const Token& t);
+  // Finds (or makes) a record of S that covers `t`, into *out when the way
+  // is Via::event; lock of S held by caller.
+  Via cover(const Token& t, StreamState::Record** out);
+  // A new record on s (lock held), or null if the driver refused it.
+  StreamState::Record* record(StreamState& s);
   void sync_device(int device);
 
   vmm::Driver& driver_;

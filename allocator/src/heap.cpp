@@ -114,6 +114,13 @@ void Heap::add_region_for(std::size_t size, std::size_t alignment, std::size_t r
     mapped_.store(arena_.mapped_bytes(), std::memory_order_relaxed);
   }
   device_.transit(-static_cast<std::int64_t>(bytes));
+  mark_growth();
+}
+
+void Heap::mark_growth() {
+  // What was freed before this growth and is released at a later one is
+  // waited for up to here only (stream_state.hpp, "Records kept").
+  if (StreamState* s = stream(); s != nullptr) device_.tracker().mark(*s);
 }
 
 // ------------------------------------------------------------ large path --
@@ -158,6 +165,7 @@ void Heap::map_under(Block* b, std::vector<std::uint32_t>& counted, std::size_t 
     mapped_.store(arena_.mapped_bytes(), std::memory_order_relaxed);
   }
   device_.transit(-static_cast<std::int64_t>(need));
+  mark_growth();
 }
 
 void* Heap::finish_large(Block* b, StreamState& user, std::size_t bytes, bool hit) {

@@ -292,6 +292,8 @@ class Heap {
       refresh_watermark(live);
   }
   [[gnu::noinline]] void refresh_watermark(std::int64_t live) noexcept;
+  // A record on the heap's stream after it grew (AccessTracker::mark).
+  void mark_growth();
   WaitSet tokens_now(const Block* b, StreamState* also) const;
 
   DeviceHeap& device_;

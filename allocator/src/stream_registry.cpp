@@ -43,7 +43,7 @@ void StreamRegistry::device_synced(std::uint64_t retired_before) {
     if (!done(p)) continue;
     p.first->mark_complete();
     std::lock_guard<std::mutex> state_guard(p.first->lock());
-    (void)p.first->event().reset();  // nobody waits on a complete stream
+    p.first->reset_records();
   }
   pending_.erase(std::remove_if(pending_.begin(), pending_.end(), done), pending_.end());
 }

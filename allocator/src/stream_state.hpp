@@ -15,6 +15,16 @@
 // latest event may wait a little longer than needed (work queued after the
 // free), never less.
 //
+// Records kept. A stream keeps its last kRecords records, each in an event of
+// its own, not only the latest: a wait for a token uses the oldest record that
+// covers it (covering), so a fence before an unmap waits for the work queued
+// up to that record and not for everything the stream queued since. Besides
+// the records fences and stream waits make, one is made at each growth
+// (AccessTracker::mark): memory freed before a growth and released at a later
+// one is covered by the first growth's record, which the GPU has often passed
+// already (on the GPT-2 program, most of gvmalloc's driver time in timed
+// steps was the release fences' cuEventSynchronize draining the whole queue).
+//
 // Waits already made. A stream that waited on another's event is ordered
 // after that stream's work up to the event's record, for all it runs later;
 // a token that record covers needs no second cuStreamWaitEvent. Blocks that
@@ -72,13 +82,50 @@ class StreamState {
   bool complete() const noexcept { return complete_.load(std::memory_order_acquire); }
   void mark_complete() noexcept { complete_.store(true, std::memory_order_release); }
 
-  // Under lock(): the event and the number of the record it holds.
+  // One record: an event of this stream and the number of the record it
+  // holds (0: none that may be waited on).
+  struct Record {
+    vmm::Event event;
+    std::uint64_t number = 0;
+  };
+  static constexpr std::size_t kRecords = 4;
+
+  // Under lock(): the records, in no order.
   std::mutex& lock() const noexcept { return mu_; }
-  vmm::Event& event() noexcept { return event_; }
-  std::uint64_t recorded() const noexcept { return recorded_; }
+  // The record with the smallest number above `epoch`: it covers a token of
+  // that epoch and waits for the least work after it. Null if none does.
+  Record* covering(std::uint64_t epoch) noexcept {
+    Record* best = nullptr;
+    for (Record& r : records_)
+      if (!r.event.empty() && r.number > epoch && (best == nullptr || r.number < best->number))
+        best = &r;
+    return best;
+  }
+  // Where the next record goes: an unused slot, else the oldest record.
+  Record& next_record() noexcept {
+    Record* oldest = &records_[0];
+    for (Record& r : records_) {
+      if (r.number == 0) return r;
+      if (r.number < oldest->number) oldest = &r;
+    }
+    return *oldest;
+  }
+  std::array<Record, kRecords>& records() noexcept { return records_; }
+  // The number of the newest record (0: none).
+  std::uint64_t recorded() const noexcept {
+    std::uint64_t n = 0;
+    for (const Record& r : records_) n = r.number > n ? r.number : n;
+    return n;
+  }
+  // Destroys the events (nobody waits on a complete stream).
+  void reset_records() noexcept {
+    for (Record& r : records_) {
+      (void)r.event.reset();
+      r.number = 0;
+    }
+  }
   // Begins a record: the number it will carry (lock() held).
   std::uint64_t begin_record() noexcept { return started_.fetch_add(1, std::memory_order_acq_rel) + 1; }
-  void end_record(std::uint64_t number) noexcept { recorded_ = number; }
 
   // t's work is finished: the stream is complete, or a record after t was
   // seen complete. Lock-free.
@@ -130,8 +177,7 @@ class StreamState {
   std::atomic<bool> complete_{false};
   std::atomic<std::uint64_t> done_{0};  // records up to this one are finished
   mutable std::mutex mu_;
-  vmm::Event event_;            // recorded on this stream only, re-recorded at will
-  std::uint64_t recorded_ = 0;  // number of the record the event holds (0: none)
+  std::array<Record, kRecords> records_{};  // recorded on this stream only, re-recorded at will
   mutable SpinLock waited_lock_;
   std::array<Waited, 8> waited_{};  // replaced round robin
   std::size_t next_waited_ = 0;

@@ -172,6 +172,36 @@ def main(path):
         check(len(started) == 3, "the runs after a failure still run")
         check("gpt2      gvm         FAILED: no result (exit 1)" in text, "the failure is in the table")
         json.dumps(text)
+
+        # gvm-base: gvmalloc of another build tree, refused before any run
+        # without GVM_BASE_BUILD or its libraries; an unknown name too.
+        for env, bad in ((None, "GVM_BASE_BUILD"), (d, "is not there")):
+            os.environ.pop("GVM_BASE_BUILD", None)
+            if env is not None:
+                os.environ["GVM_BASE_BUILD"] = env
+            try:
+                run(tp, ["--out", d, "--programs", "gpt2", "--allocators", "gvm,gvm-base"], walls)
+                check(False, "gvm-base without its libraries is refused")
+            except SystemExit as e:
+                check(bad in str(e), "gvm-base refused saying %r: %s" % (bad, e))
+        libs = os.path.join(d, "base", "allocator")
+        os.makedirs(libs)
+        for name in ("libgvmalloc.so", "libgvmalloc_torch.so"):
+            open(os.path.join(libs, name), "w").close()
+        os.environ["GVM_BASE_BUILD"] = os.path.join(d, "base")
+        check(tp.base_libraries(os.environ["GVM_BASE_BUILD"])["GVMALLOC_LIBRARY"] ==
+              os.path.join(libs, "libgvmalloc.so"), "gvm-base's library is the base tree's")
+        rc, started, text = run(tp, ["--out", d, "--programs", "gpt2", "--allocators",
+                                     "gvm,gvm-base,native", "--rounds", "2"], walls)
+        check(rc == 0 and [a for _, a, _ in started] ==
+              ["gvm", "gvm-base", "native", "gvm-base#2", "native#2", "gvm#2"],
+              "gvm-base in rotated rounds: %s" % started)
+        os.environ.pop("GVM_BASE_BUILD", None)
+        try:
+            run(tp, ["--out", d, "--allocators", "gvm,nativ"], walls)
+            check(False, "an unknown allocator is refused")
+        except SystemExit as e:
+            check("nativ" in str(e) and "known" in str(e), "unknown allocator message: %s" % e)
     if FAILURES:
         print("FAILED checks:")
         for f in FAILURES:
