@@ -41,8 +41,9 @@ StreamState::Record* AccessTracker::record(StreamState& s) {
 }
 
 void AccessTracker::mark(StreamState& s) {
-  if (capturing() || s.retired()) return;
+  if (capturing()) return;
   std::lock_guard<std::mutex> guard(s.lock());
+  if (s.retired()) return;  // its handle is never used again (stream_state.hpp)
   (void)record(s);  // a failure leaves one record fewer: a later wait records anew
 }
 
