@@ -21,9 +21,11 @@
 // up to that record and not for everything the stream queued since. Besides
 // the records fences and stream waits make, one is made at each growth
 // (AccessTracker::mark): memory freed before a growth and released at a later
-// one is covered by the first growth's record, which the GPU has often passed
-// already (on the GPT-2 program, most of gvmalloc's driver time in timed
-// steps was the release fences' cuEventSynchronize draining the whole queue).
+// one is covered by the first growth's record, which the GPU may have passed
+// already. Memory freed after the last record still needs a new one, which
+// waits for everything queued: on the GPT-2 program, whose releases mostly
+// take memory freed after the last growth, the fences' host wait fell by
+// about a tenth (docs/pytorch.md, "Release fences on kept records").
 //
 // Waits already made. A stream that waited on another's event is ordered
 // after that stream's work up to the event's record, for all it runs later;
@@ -111,12 +113,6 @@ class StreamState {
     return *oldest;
   }
   std::array<Record, kRecords>& records() noexcept { return records_; }
-  // The number of the newest record (0: none).
-  std::uint64_t recorded() const noexcept {
-    std::uint64_t n = 0;
-    for (const Record& r : records_) n = r.number > n ? r.number : n;
-    return n;
-  }
   // Destroys the events (nobody waits on a complete stream).
   void reset_records() noexcept {
     for (Record& r : records_) {
