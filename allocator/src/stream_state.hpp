@@ -23,9 +23,9 @@
 // (AccessTracker::mark): memory freed before a growth and released at a later
 // one is covered by the first growth's record, which the GPU may have passed
 // already. Memory freed after the last record still needs a new one, which
-// waits for everything queued: on the GPT-2 program, whose releases mostly
-// take memory freed after the last growth, the fences' host wait fell by
-// about a tenth (docs/pytorch.md, "Release fences on kept records").
+// waits for everything queued: GPT-2's releases take memory freed after the
+// last growth, so none of its fences is served (docs/design-notes.md,
+// "Records kept", counts which traces' waits are).
 //
 // Waits already made. A stream that waited on another's event is ordered
 // after that stream's work up to the event's record, for all it runs later;
