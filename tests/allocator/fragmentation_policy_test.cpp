@@ -150,6 +150,47 @@ TEST_F(FragmentationPolicy, AReleaseWaitsOnlyForTheWorkUpToTheRecordThatCoversTh
   EXPECT_TRUE(invariants());
 }
 
+// The same with the records other streams' waits make: a stream that takes
+// memory s freed makes a record on s; a fence for an older free of s waits on
+// the oldest record that covers it, not on the one a later wait made after
+// more work was queued on s (stream_state.hpp, "Records kept").
+TEST_F(FragmentationPolicy, AFenceWaitsOnTheOldestKeptRecordThatCoversTheFree) {
+  Allocator& a = make();
+  const StreamHandle s = new_stream(), t = new_stream(), u = new_stream();
+  auto write = [&](StreamHandle on, void* p, std::size_t n) {
+    return sim_->enqueue_access(0, on, reinterpret_cast<vmm::DevicePtr>(p), n,
+                                vmm::AccessKind::write);
+  };
+  // Live blocks between the freed ones, so that no two of them merge.
+  void* p1 = a.allocate(40 * kMiB, 0, s);
+  void* k1 = a.allocate(4 * kMiB, 0, s);
+  void* p2 = a.allocate(20 * kMiB, 0, s);
+  void* k2 = a.allocate(4 * kMiB, 0, s);
+  void* p3 = a.allocate(10 * kMiB, 0, s);
+  void* k3 = a.allocate(4 * kMiB, 0, s);  // p3 is not the end of s's mapped memory
+  ASSERT_EQ(write(s, p1, 40 * kMiB), Result::success);
+  a.deallocate(p1, 40 * kMiB, 0, s);
+  a.deallocate(p2, 20 * kMiB, 0, s);
+  void* q = a.allocate(20 * kMiB, 0, t);  // t waits for s's free: a record on s
+  ASSERT_EQ(q, p2) << "the test expects t to take the block s freed";
+  ASSERT_EQ(write(s, k1, 4 * kMiB), Result::success);  // queued on s after that record
+  a.deallocate(p3, 10 * kMiB, 0, s);
+  void* r = a.allocate(10 * kMiB, 0, u);  // a second record on s, after the write
+  ASSERT_EQ(r, p3) << "the test expects u to take the block s freed";
+  ASSERT_EQ(sim_->pending_accesses(), 2u);
+  a.trim();  // p1's chunk goes: its free is covered by the first record
+  EXPECT_EQ(stats().chunks_unmapped, 1u);
+  EXPECT_EQ(sim_->pending_accesses(), 1u)
+      << "the fence waited for the write queued on s after the record that covers p1's free";
+  EXPECT_EQ(sim_->race_count(), 0u);
+  a.deallocate(q, 20 * kMiB, 0, t);
+  a.deallocate(r, 10 * kMiB, 0, u);
+  a.deallocate(k1, 4 * kMiB, 0, s);
+  a.deallocate(k2, 4 * kMiB, 0, s);
+  a.deallocate(k3, 4 * kMiB, 0, s);
+  EXPECT_TRUE(invariants());
+}
+
 // A growth of a granule or two at a steady, fragmented peak does not release
 // first: releasing there is paid at every such growth (one stream replacing
 // 100 live blocks of 256 B-4 MiB released and re-mapped a chunk every ~170
