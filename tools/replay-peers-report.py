@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Prints, as Markdown, what tools/synth-peers.sh measured: peak reserved /
-peak live and ns per operation of each synthetic trace under gvmalloc and
-each peer, and whether gvmalloc is below the best peer.
+"""Prints, as Markdown, what tools/replay-peers.sh measured: peak reserved /
+peak live and ns per operation of each trace under gvmalloc and each peer,
+and whether gvmalloc is below the best peer.
 
-  python3 tools/synth-peers-report.py RESULTS_DIR
+  python3 tools/replay-peers-report.py RESULTS_DIR
 """
 import glob
 import json
