@@ -520,8 +520,29 @@ def numba_run(iterations=40):
            numpy_shim=shim, numpy=numpy.__version__, numba_cuda=numba_cuda)
 
 
+def record_trace_run(allocator):
+    """gvmalloc.torch.record_trace around a few allocations, under either
+    allocator: the trace holds exactly the block's allocations and frees."""
+    import gzip
+    import tempfile
+    torch = setup_torch(allocator)
+    import gvmalloc.torch
+    x = torch.empty(1 << 20, device="cuda")  # before the block: not in the trace
+    path = os.path.join(tempfile.mkdtemp(), "block.trace.gz")
+    with gvmalloc.torch.record_trace(path):
+        kept = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in (512, 4096, 3 << 20)]
+        gone = torch.empty(16 << 20, dtype=torch.uint8, device="cuda")
+        del gone
+    with gzip.open(path, "rt") as f:
+        events = [l.split()[0] for l in f if l.strip() and not l.startswith("#")]
+    del kept, x
+    result(allocations=events.count("a"), frees=events.count("f"),
+           exported="record_trace" in gvmalloc.torch.__all__)
+
+
 if __name__ == "__main__":
     mode, rest = sys.argv[1], sys.argv[2:]
     {"train": lambda: train(*rest), "infer": lambda: infer(*rest), "mempool": mempool,
      "scratch_peer": scratch_peer, "dist": dist_run, "ddp": lambda: ddp_run(*rest), "cupy": cupy_run,
-     "cupy_dead_stream": cupy_dead_stream, "numba": numba_run}[mode]()
+     "cupy_dead_stream": cupy_dead_stream, "numba": numba_run,
+     "record_trace": lambda: record_trace_run(*rest)}[mode]()

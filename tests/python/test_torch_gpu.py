@@ -71,6 +71,18 @@ class MemPoolRoute(unittest.TestCase):
             self.assertLess(r["reserved_after_empty"] - r["base"] - r["live_after_empty"], 128 << 20)
 
 
+class RecordTrace(unittest.TestCase):
+    @need_gpus(1)
+    def test_record_trace_writes_the_blocks_allocations_under_either_allocator(self):
+        # gvmalloc.torch.record_trace (issue: "how much would gvmalloc save on
+        # my job?"), with PyTorch's allocator serving the program and with
+        # gvmalloc's native backend: four allocations, one freed inside.
+        for allocator in ("native", "gvm"):
+            r = _support.run_workload("record_trace", allocator)
+            self.assertTrue(r["exported"])
+            self.assertEqual((r["allocations"], r["frees"]), (4, 1), allocator)
+
+
 class ScratchTensor(unittest.TestCase):
     @need_gpus(2)
     def test_device_1_reads_a_scratch_tensor_of_device_0(self):

@@ -29,9 +29,12 @@ except ImportError as _e:  # pragma: no cover - depends on the machine
 
 import gvmalloc as _gvm
 from gvmalloc import _lib, _torch_backend
+# The allocations of a block of the program as a gvmalloc trace, whichever
+# allocator serves it (docs/replay.md).
+from gvmalloc.record_trace import RecordTraceError, record_trace
 
 __all__ = ["enable", "is_enabled", "backend", "backend_info", "pluggable_allocator", "mem_pool",
-           "scratch_tensor", "record_stream", "PLUGGABLE_LOSES"]
+           "scratch_tensor", "record_stream", "record_trace", "RecordTraceError", "PLUGGABLE_LOSES"]
 
 _TOO_LATE = ("gvmalloc.torch.enable(): PyTorch's CUDA allocator is already in use in this "
              "process (%s), and PyTorch cannot change its allocator once it has started. "
