@@ -525,7 +525,11 @@ int run_table(const Args& a) {
     << "Peak reserved / peak live (1.000 = the live bytes and nothing more; lower is better).\n"
     << "The peers' figures were recorded on one NVIDIA H200 with gvm-replay-baseline\n"
     << "(traces/README.md); gvmalloc's are this run's.\n\n";
-  const std::size_t w0 = 16, w = 12;
+  // The first column as wide as the longest trace name, and two more.
+  std::size_t w0 = std::string("trace").size();
+  for (const Row& r : rows) w0 = std::max(w0, r.t->name.size());
+  w0 += 2;
+  const std::size_t w = 12;
   o << pad("trace", w0) << pad("gvmalloc", w);
   for (const auto& c : gvm::bench::kPeerColumns) o << pad(c.label, w + 4);
   o << pad("best peer", w + 8) << "driver calls\n";

@@ -99,7 +99,13 @@ INSTANTIATE_TEST_SUITE_P(Sim, ShippedTraceLimit,
                                            // 445 and 142 with the idle-pool release
                                            // (growth_policy.hpp, kIdlePoolFactor)
                                            Limit{"bert_infer", 450, 145},
-                                           Limit{"llama_generate", 80, 2}),
+                                           Limit{"llama_generate", 80, 2},
+                                           // Recorded after the policy, from workloads it
+                                           // was not tuned on (bench/record_workloads.py).
+                                           Limit{"efficientnet_side", 340, 4},
+                                           Limit{"speech_ctc", 205, 4},
+                                           Limit{"t5_seq2seq", 550, 15},
+                                           Limit{"vit_train", 95, 2}),
                          [](const ::testing::TestParamInfo<Limit>& i) { return std::string(i.param.trace); });
 
 // ResNet-50: 1.021, not below PyTorch with expandable segments (1.011). At its
@@ -111,6 +117,20 @@ TEST(ShippedTraceKnownGap, ResNetStaysAtItsMeasuredRatio) {
   EXPECT_LE(r.ratio, 1.022);
   EXPECT_LE(r.chunks_mapped, 200u);
   EXPECT_LE(r.fences, 6u);
+}
+
+// GPT-2 fine-tuning with activation checkpointing (bench/record_workloads.py):
+// 1.036, above cudaMallocAsync's 1.032 (and below expandable segments' 1.187).
+// At its peak a 3,049 MiB logits block grows by 1,550 MiB while 330 MiB of
+// whole free granules sit in 128 MiB chunks that still hold checkpointed
+// activations (docs/design-notes.md, "Workloads recorded after the policy").
+// This holds today's figure so that it only gets better.
+TEST(ShippedTraceKnownGap, CheckpointedGpt2StaysAtItsMeasuredRatio) {
+  const Replayed r =
+      replay_on_sim_h200(std::string(GVM_SOURCE_DIR) + "/traces/gpt2_checkpointed.trace.gz");
+  EXPECT_LE(r.ratio, 1.037);
+  EXPECT_LE(r.chunks_mapped, 210u);
+  EXPECT_LE(r.fences, 22u);
 }
 
 struct Synthetic {
@@ -142,7 +162,9 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(PeersCsv, TheShippedFileListsEveryTraceWithThreePeers) {
   const auto traces = shipped_traces(GVM_SOURCE_DIR);
-  ASSERT_EQ(traces.size(), 4u);
+  // The four of the fragmentation study and the five workloads recorded
+  // after it (traces/README.md).
+  ASSERT_EQ(traces.size(), 9u);
   for (const ShippedTrace& t : traces) {
     EXPECT_TRUE(std::ifstream(t.path).good()) << t.path;
     for (const PeerColumn& c : kPeerColumns) EXPECT_TRUE(t.peers.count(c.key)) << t.name << " " << c.key;
