@@ -206,7 +206,7 @@ def t5_seq2seq(out_dir, steps):
     torch = setup()
     from transformers import T5Config, T5ForConditionalGeneration
     cfg = T5Config(d_model=512, d_ff=2048, num_layers=6, num_decoder_layers=6, num_heads=8,
-                   vocab_size=32128)
+                   vocab_size=32128, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
     model = T5ForConditionalGeneration(cfg).cuda().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     rng = random.Random(15)
