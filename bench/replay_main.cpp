@@ -530,13 +530,13 @@ int run_table(const Args& a) {
   for (const Row& r : rows) w0 = std::max(w0, r.t->name.size());
   w0 += 2;
   const std::size_t w = 12;
-  o << pad("trace", w0) << pad("gvmalloc", w);
+  o << pad("trace", w0) << pad("gvmalloc", w - 2);
   for (const auto& c : gvm::bench::kPeerColumns) o << pad(c.label, w + 4);
   o << pad("best peer", w + 8) << "driver calls\n";
   for (const Row& r : rows) {
     double best = 0;
     for (const auto& [impl, p] : r.t->peers) best = best == 0 ? p.ratio : std::min(best, p.ratio);
-    o << pad(r.t->name, w0) << pad(fixed(r.m.ratio(), 3), w);
+    o << pad(r.t->name, w0) << pad(fixed(r.m.ratio(), 3), w - 2);
     for (const auto& c : gvm::bench::kPeerColumns) {
       auto it = r.t->peers.find(c.key);
       o << pad(it == r.t->peers.end() ? "-" : fixed(it->second.ratio, 3), w + 4);
