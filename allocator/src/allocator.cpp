@@ -412,6 +412,12 @@ DeviceStats Allocator::device_stats(int device) const {
   return s;
 }
 
+std::size_t Allocator::reserved_bytes(int device) const {
+  impl_->check_device(device, "reserved_bytes");
+  const auto* h = impl_->existing(device);
+  return h == nullptr ? 0 : h->reserved();
+}
+
 Stats Allocator::stats() const {
   Stats s;
   for (int d = 0; d < device_count(); ++d) s.devices.push_back(device_stats(d));

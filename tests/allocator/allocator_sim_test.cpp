@@ -604,6 +604,26 @@ TEST_F(SimAllocatorTest, FailedStreamOrderWaitFallsBackToADeviceSync) {
   }
 }
 
+// reserved_bytes (one atomic load, for the PyTorch backend's profiler
+// reports) says what device_stats says, before the device is used, after it
+// grows and after a trim; an unknown device is refused as by device_stats.
+TEST_F(SimAllocatorTest, ReservedBytesIsWhatDeviceStatsSays) {
+  Allocator& a = make();
+  EXPECT_EQ(a.reserved_bytes(0), 0u);
+  StreamHandle s = new_stream();
+  void* p = a.allocate(9 * kMiB, 0, s);
+  void* q = a.allocate(3000, 0, s);
+  EXPECT_GT(a.reserved_bytes(0), 0u);
+  EXPECT_EQ(a.reserved_bytes(0), a.device_stats(0).reserved_bytes);
+  a.deallocate(p, 9 * kMiB, 0, s);
+  a.trim();
+  EXPECT_EQ(a.reserved_bytes(0), a.device_stats(0).reserved_bytes);
+  EXPECT_EQ(a.reserved_bytes(0), sim().physical_used(0));
+  a.deallocate(q, 3000, 0, s);
+  EXPECT_THROW((void)a.reserved_bytes(a.device_count()), usage_error);
+  EXPECT_THROW((void)a.reserved_bytes(-1), usage_error);
+}
+
 // A failed unmap during trim: driver_error, the chunk stays mapped and
 // accounted for, and the next trim returns it.
 TEST_F(SimAllocatorTest, FailedUnmapDuringTrimKeepsTheChunk) {

@@ -167,6 +167,10 @@ class Allocator {
 
   Stats stats() const;
   DeviceStats device_stats(int device) const;
+  // device_stats(device).reserved_bytes alone: one atomic load, no heap's
+  // lock, for callers on an allocation path (the PyTorch backend reports it
+  // to the profiler at every allocate and free while memory is profiled).
+  std::size_t reserved_bytes(int device) const;
   // The stats as one JSON object (see stats.hpp), plus the config.
   std::string snapshot_json() const;
 

@@ -89,6 +89,9 @@ void AllocatorAdapter::trim_pool(PoolId pool) {
 DeviceStats AllocatorAdapter::device_stats(int device) const {
   return gvm().device_stats(device);
 }
+std::size_t AllocatorAdapter::reserved_bytes(int device) const {
+  return gvm().reserved_bytes(device);
+}
 std::size_t AllocatorAdapter::largest_cached_block(int device) const {
   return gvm().largest_cached_block(device);
 }

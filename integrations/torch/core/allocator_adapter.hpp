@@ -70,6 +70,7 @@ class AllocatorAdapter {
   void trim(int device);  // -1: every device
   void trim_pool(PoolId pool);
   DeviceStats device_stats(int device) const;
+  std::size_t reserved_bytes(int device) const;  // one atomic load
   std::size_t largest_cached_block(int device) const;
   void set_memory_fraction(int device, double fraction);
   double memory_fraction(int device) const;  // 0: no cap

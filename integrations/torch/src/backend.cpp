@@ -159,7 +159,7 @@ void* Backend::malloc(size_t bytes, c10::DeviceIndex device_index, cudaStream_t 
   }
   if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
     report_to_profiler(p, static_cast<std::int64_t>(torch_rounded(bytes)), ds.counters.read(),
-                       gvm_.device_stats(device).reserved_bytes, device);
+                       gvm_.reserved_bytes(device), device);
   }
   return p;
 }
@@ -315,7 +315,7 @@ void Backend::free_block(void* ptr) {
                      std::move(context));
   if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
     report_to_profiler(ptr, -static_cast<std::int64_t>(torch_rounded(f.requested)),
-                       ds.counters.read(), gvm_.device_stats(f.device).reserved_bytes, f.device);
+                       ds.counters.read(), gvm_.reserved_bytes(f.device), f.device);
   }
   // torch.cuda.memory.caching_allocator_enable(False): nothing stays cached.
   if (!caching_.load(std::memory_order_relaxed)) gvm_.trim(f.device);
