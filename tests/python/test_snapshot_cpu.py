@@ -199,7 +199,8 @@ class RecordTraceWithoutTorch(unittest.TestCase):
         import ast
         import gvmalloc
         path = os.path.join(os.path.dirname(gvmalloc.__file__), "torch.py")
-        tree = ast.parse(open(path).read())
+        with open(path) as f:
+            tree = ast.parse(f.read())
         exported, imported = set(), set()
         for node in tree.body:
             if isinstance(node, ast.Assign) and any(
