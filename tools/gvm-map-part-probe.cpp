@@ -1,0 +1,126 @@
+// gvm-map-part-probe: can the physical pages under a free hole be mapped
+// somewhere else while the rest of their handle stays where it is?
+//
+// A hole inside a chunk that still holds live blocks keeps its granules: the
+// chunk is one handle, and a handle goes back only whole
+// (docs/design-notes.md, "What it found"). VMM would let an allocator reuse
+// those pages without a copy if one handle could be mapped in parts - the
+// hole's granules a second time, at the address of the block that needs
+// them (cuMemMap's `offset`). gvmalloc's driver boundary maps whole handles
+// only (vmm/include/gvm/vmm/driver_calls.hpp), so this asks the CUDA driver
+// directly, one question per line:
+//   1. a handle of 8 granules mapped whole (the control)
+//   2. granules 2-4 of it mapped again at another address (offset 2 granules)
+//   3. granules 0-2 of another handle mapped alone (offset 0, part of its size)
+//   4. a sub-range of a whole mapping unmapped
+// and, where 2 maps, whether a write through one address reads back through
+// the other. One GPU, a second. Exit 0 when the questions were asked, 1
+// without a device (it links libcuda itself: where no driver is installed the
+// loader refuses to start it).
+//
+//   gvm-map-part-probe [--device N]
+#include <cuda.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+const char* name_of(CUresult r) {
+  const char* s = nullptr;
+  return cuGetErrorName(r, &s) == CUDA_SUCCESS && s != nullptr ? s : "(unknown)";
+}
+
+CUresult ask(const char* question, CUresult r) {
+  std::printf("%-68s %s\n", question, name_of(r));
+  return r;
+}
+
+bool same_bytes(CUdeviceptr write_at, CUdeviceptr read_at, std::size_t n, unsigned char value) {
+  std::vector<unsigned char> in(n, value), out(n, 0);
+  if (cuMemcpyHtoD(write_at, in.data(), n) != CUDA_SUCCESS) return false;
+  if (cuMemcpyDtoH(out.data(), read_at, n) != CUDA_SUCCESS) return false;
+  return std::memcmp(in.data(), out.data(), n) == 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int device = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--device" && i + 1 < argc) {
+      device = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: gvm-map-part-probe [--device N]\n");
+      return 2;
+    }
+  }
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, device) != CUDA_SUCCESS ||
+      cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+    std::printf("gvm-map-part-probe: no CUDA driver or no device %d here\n", device);
+    return 1;
+  }
+  char gpu[128] = {};
+  (void)cuDeviceGetName(gpu, sizeof gpu, dev);
+  int version = 0;
+  (void)cuDriverGetVersion(&version);
+  std::printf("device %d: %s, CUDA driver API %d\n", device, gpu, version);
+
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev;
+  std::size_t g = 0;
+  (void)cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  std::printf("granularity %zu bytes\n", g);
+  CUmemAccessDesc rw = {};
+  rw.location = prop.location;
+  rw.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+
+  CUdeviceptr va = 0;
+  if (ask("reserve 32 granules", cuMemAddressReserve(&va, 32 * g, 0, 0, 0)) != CUDA_SUCCESS) return 1;
+  CUmemGenericAllocationHandle a = 0, b = 0;
+  if (ask("create handle A, 8 granules", cuMemCreate(&a, 8 * g, &prop, 0)) != CUDA_SUCCESS) return 1;
+  if (ask("create handle B, 8 granules", cuMemCreate(&b, 8 * g, &prop, 0)) != CUDA_SUCCESS) return 1;
+
+  // 1. The control: the way gvmalloc maps every chunk.
+  const bool whole = ask("1. map A whole at va (offset 0, its size)", cuMemMap(va, 8 * g, 0, a, 0)) ==
+                         CUDA_SUCCESS &&
+                     ask("   set access on it", cuMemSetAccess(va, 8 * g, &rw, 1)) == CUDA_SUCCESS;
+
+  // 2. The hole's granules a second time, elsewhere.
+  const CUdeviceptr alias = va + 16 * g;
+  if (ask("2. map A's granules 2-4 at va + 16 granules (offset 2 granules)",
+          cuMemMap(alias, 3 * g, 2 * g, a, 0)) == CUDA_SUCCESS) {
+    if (ask("   set access on them", cuMemSetAccess(alias, 3 * g, &rw, 1)) == CUDA_SUCCESS && whole) {
+      std::printf("   a write through va + 3 granules reads back through the alias: %s\n",
+                  same_bytes(va + 3 * g, alias + g, g, 0xab) ? "yes" : "no");
+    }
+    (void)cuMemUnmap(alias, 3 * g);
+  }
+
+  // 3. Part of a handle from its start.
+  const CUdeviceptr part = va + 24 * g;
+  if (ask("3. map B's granules 0-2 alone at va + 24 granules (offset 0)",
+          cuMemMap(part, 3 * g, 0, b, 0)) == CUDA_SUCCESS) {
+    (void)cuMemUnmap(part, 3 * g);
+  }
+
+  // 4. Half of a whole mapping back.
+  if (whole) {
+    if (ask("4. unmap granules 2-4 of A's whole mapping", cuMemUnmap(va + 2 * g, 3 * g)) ==
+        CUDA_SUCCESS) {
+      std::printf("   (the rest of A's mapping is left as it is)\n");
+    }
+    (void)cuMemUnmap(va, 8 * g);
+  }
+  (void)cuMemRelease(a);
+  (void)cuMemRelease(b);
+  (void)cuMemAddressFree(va, 32 * g);
+  return 0;
+}
