@@ -271,7 +271,22 @@ def finish(torch, allocator, times, checks, step, profile_steps, allocations, **
     result(**out)
 
 
-def resnet50(allocator, steps):
+class Built:
+    """A program built and not yet run: its torch module, step() (one training
+    step or generate() call), check(out) (a step's output as the string compared
+    bit for bit: a loss's hex, the tokens' digest), its warm-up steps, its timed
+    steps, the steps profiled after them, and the extra fields of its result."""
+
+    def __init__(self, torch, step, check, warm, steps, profile_steps, **extra):
+        self.torch, self.step, self.check = torch, step, check
+        self.warm, self.steps, self.profile_steps, self.extra = warm, steps, profile_steps, extra
+
+
+def loss_check(loss):
+    return loss.item().hex()
+
+
+def build_resnet50(allocator, steps):
     torch = setup(allocator)
     import torchvision
     torch.backends.cudnn.benchmark = True
@@ -294,19 +309,11 @@ def resnet50(allocator, steps):
         opt.zero_grad(set_to_none=True)
         return loss
 
-    warm = 5  # the first steps run cuDNN's benchmark
-    times, losses = [], []
-    for i in range(warm + steps):
-        if i == warm:
-            a0 = mark_timed_start(torch, allocator)
-        dt, loss = timed(torch, step)
-        losses.append(loss.item().hex())
-        if i >= warm:
-            times.append(dt)
-    finish(torch, allocator, times, losses, step, 3, allocations_so_far(torch) - a0, batch=batch)
+    # 5 warm-up steps: the first steps run cuDNN's benchmark.
+    return Built(torch, step, loss_check, 5, steps, 3, batch=batch)
 
 
-def gpt2(allocator, steps):
+def build_gpt2(allocator, steps):
     torch = setup(allocator)
     from transformers import GPT2Config, GPT2LMHeadModel
     cfg = GPT2Config()
@@ -314,6 +321,8 @@ def gpt2(allocator, steps):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     rng = random.Random(1234)
     gen = torch.Generator().manual_seed(42)
+    # The schedule's first shapes do not depend on `steps`: a longer run starts
+    # with the same steps as a shorter one.
     schedule = [(rng.choice([4, 8, 12, 16]), rng.randint(128, 1024)) for _ in range(steps + 2)]
     batches = [torch.randint(0, cfg.vocab_size, s, generator=gen) for s in schedule]
     state = {"i": 0}
@@ -328,18 +337,10 @@ def gpt2(allocator, steps):
         opt.zero_grad(set_to_none=True)
         return loss
 
-    times, losses = [], []
-    for i in range(len(batches)):
-        if i == 2:
-            a0 = mark_timed_start(torch, allocator)
-        dt, loss = timed(torch, step)
-        losses.append(loss.item().hex())
-        if i >= 2:
-            times.append(dt)
-    finish(torch, allocator, times, losses, step, 4, allocations_so_far(torch) - a0)
+    return Built(torch, step, loss_check, 2, steps, 4)
 
 
-def llama(allocator, steps):
+def build_llama(allocator, steps):
     torch = setup(allocator)
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=16,
@@ -357,24 +358,52 @@ def llama(allocator, steps):
             return model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                   do_sample=False, use_cache=True, pad_token_id=0)
 
-    times, outputs = [], []
-    for i in range(1 + max(1, steps // 8)):
-        if i == 1:
+    def check(out):
+        return out[:, 128:].cpu().numpy().tobytes().hex()[:64] + ":%d" % int(out.sum().item())
+
+    return Built(torch, step, check, 1, max(1, steps // 8), 1,
+                 tokens_per_call=new_tokens * prompt.shape[0])
+
+
+def run_built(allocator, prog):
+    """The program's warm-up and timed steps, then finish(): its result line.
+    The checks are of every step, the warm-up's included."""
+    torch = prog.torch
+    times, checks = [], []
+    for i in range(prog.warm + prog.steps):
+        if i == prog.warm:
             a0 = mark_timed_start(torch, allocator)
-        dt, out = timed(torch, step)
-        outputs.append(out[:, 128:].cpu().numpy().tobytes().hex()[:64] + ":%d" % int(out.sum().item()))
-        if i >= 1:
+        dt, out = timed(torch, prog.step)
+        checks.append(prog.check(out))
+        if i >= prog.warm:
             times.append(dt)
-    finish(torch, allocator, times, outputs, step, 1, allocations_so_far(torch) - a0,
-           tokens_per_call=new_tokens * prompt.shape[0])
+    finish(torch, allocator, times, checks, prog.step, prog.profile_steps,
+           allocations_so_far(torch) - a0, **prog.extra)
+
+
+def resnet50(allocator, steps):
+    run_built(allocator, build_resnet50(allocator, steps))
+
+
+def gpt2(allocator, steps):
+    run_built(allocator, build_gpt2(allocator, steps))
+
+
+def llama(allocator, steps):
+    run_built(allocator, build_llama(allocator, steps))
 
 
 PROGRAMS = {"resnet50": resnet50, "gpt2": gpt2, "llama": llama}
+# The programs built, not run (bench/torch_lockstep.py steps them itself).
+BUILDERS = {"resnet50": build_resnet50, "gpt2": build_gpt2, "llama": build_llama}
 
 
 # ---- the side-by-side run ------------------------------------------------------------
 
-def run_one(program, allocator, steps, timeout):
+def program_env(allocator):
+    """The environment of a program's process with `allocator` (a name, with or
+    without #n): PyTorch's allocator configuration of that allocator alone,
+    gvm-base's libraries, the gvmalloc package on PYTHONPATH."""
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.update(ALLOCATORS[allocator.split("#")[0]])
@@ -383,6 +412,11 @@ def run_one(program, allocator, steps, timeout):
     env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.join(ROOT, "integrations", "python"),
                                                     env.get("PYTHONPATH")) if p)
     env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    return env
+
+
+def run_one(program, allocator, steps, timeout):
+    env = program_env(allocator)
     cmd = [sys.executable, __file__, "worker", program, allocator.split("#")[0], str(steps)]
     t0 = time.monotonic()
     try:
