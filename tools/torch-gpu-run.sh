@@ -20,15 +20,23 @@
 #   programs   ResNet-50 / GPT-2 training, a Llama generate loop, each with
 #              native, expandable segments and gvmalloc (bench/torch_programs.py):
 #              the programs table and where the time goes (torch.profiler)
+#   lockstep   the same programs with every allocator's process alive at once,
+#              stepped in turn (step k of each before step k+1, the order
+#              rotated each step: bench/torch_lockstep.py), so that the host's
+#              drift hits all alike: per-step ratios to native and expandable,
+#              their median with a 95% interval; not a default step
 # and last a summary: every step's status, then the tables.
 #
 # Time budget per step, in seconds: GVM_TORCH_SEMANTICS_S (default 130: cases
 # not started by then are "not-run"), GVM_TORCH_PROGRAMS_S (default 210: a run
-# starts only if it should end by then), GVM_TORCH_BUILD_S (600), GVM_TORCH_CPU_S
+# starts only if it should end by then), GVM_TORCH_LOCKSTEP_S (default 360: a
+# program starts only if its workers should be ready by then, and its steps stop
+# early for the programs after it), GVM_TORCH_BUILD_S (600), GVM_TORCH_CPU_S
 # (300), GVM_TORCH_INFO_S (120). Each step is also killed 60 s after its budget.
 # GVM_TORCH_CASES / GVM_TORCH_PROGRAMS (comma lists) narrow semantics and
-# programs; GVM_TORCH_ALLOCATORS (a comma list, e.g. gvm,native,expandable,gvm#2)
-# the programs' runs and their order; GVM_TORCH_ROUNDS=N runs them N times, each round the
+# programs (lockstep too); GVM_TORCH_ALLOCATORS (a comma list, e.g.
+# gvm,native,expandable,gvm#2) the programs' runs and their order (lockstep: its
+# processes, native,expandable,gvm by default); GVM_TORCH_ROUNDS=N runs them N times, each round the
 # one before rotated by one (bench/torch_programs.py --rounds);
 # GVM_TORCH_CMAKE_ARGS: more configure arguments (build-torch only);
 # GVM_TORCH_JOBS: parallel jobs for build and cpu (default: nproc).
@@ -59,6 +67,7 @@ JOBS=${GVM_TORCH_JOBS:-$(nproc 2>/dev/null || echo 4)}
 PYTHON=${PYTHON:-python3}
 SEMANTICS_S=${GVM_TORCH_SEMANTICS_S:-130}
 PROGRAMS_S=${GVM_TORCH_PROGRAMS_S:-210}
+LOCKSTEP_S=${GVM_TORCH_LOCKSTEP_S:-360}
 FAILED=()
 START=$SECONDS
 
@@ -133,6 +142,14 @@ if want programs; then
   step programs "$PROGRAMS_S" "$PYTHON" "$ROOT/bench/torch_programs.py" "${args[@]}"
 fi
 
+if want lockstep; then
+  rm -f "$OUT_DIR/torch-lockstep/torch-lockstep.txt"
+  args=(--out "$OUT_DIR/torch-lockstep" --deadline "$LOCKSTEP_S")
+  [ -n "${GVM_TORCH_PROGRAMS:-}" ] && args+=(--programs "$GVM_TORCH_PROGRAMS")
+  [ -n "${GVM_TORCH_ALLOCATORS:-}" ] && args+=(--allocators "$GVM_TORCH_ALLOCATORS")
+  step lockstep "$LOCKSTEP_S" "$PYTHON" "$ROOT/bench/torch_lockstep.py" "${args[@]}"
+fi
+
 {
   printf '\n=== torch-gpu-run summary (%d s, build %s)\n' "$((SECONDS - START))" "$BUILD"
   want info && [ -f "$OUT_DIR/info.log" ] && cat "$OUT_DIR/info.log"
@@ -144,6 +161,11 @@ fi
       -e "/^=== The GPU's side/,/^\$/p" \
       "$OUT_DIR/torch-programs/torch-programs.txt"
     echo "(the profiler's tables of every run: $OUT_DIR/torch-programs/torch-programs.txt)"
+  fi
+  if want lockstep && [ -f "$OUT_DIR/torch-lockstep/torch-lockstep.txt" ]; then
+    # Both tables and the counters; a failed worker's stderr stays in the file.
+    sed -e '/^--- /,$d' "$OUT_DIR/torch-lockstep/torch-lockstep.txt"
+    echo "(every step's time: $OUT_DIR/torch-lockstep/torch-lockstep.json)"
   fi
   if [ ${#FAILED[@]} -eq 0 ]; then
     echo "every step passed"
