@@ -38,7 +38,9 @@ Per program: each allocator's median step, min, quartiles and max; each
 allocator's per-step ratio to native and to expandable (median, quartiles, the
 95% interval of the median, the steps at or below the reference); peak
 reserved; whether every step's loss (or tokens) equals native's bit for bit;
-for gvmalloc its driver calls over the paired steps. Prints the tables and
+for gvmalloc its driver calls over the paired steps; and where a step goes - after the
+paired steps each worker in turn runs a few steps under torch.profiler (the GPU's busy
+and idle time, the CPU of all operators and of those that allocate). Prints the tables and
 writes torch-lockstep.{txt,json} into DIR (default $OUT, else
 ./torch-lockstep-out), each worker's standard error in DIR/workers/. A worker
 that dies or does not answer in time is reported with its standard error's
@@ -46,8 +48,8 @@ end, the others are ended cleanly, the next programs still run; exit status 1.
 
 Protocol: `torch_lockstep.py worker PROGRAM ALLOCATOR STEPS` builds the
 program, runs its warm-up steps and writes `GVM_LOCKSTEP {"ready": true, ...}`;
-then reads commands, one a line: `step` (answer: {"t": seconds, "check": ...})
-and `end` (answer: peak reserved, backend, gvmalloc's counters; then it
+then reads commands, one a line: `step` (answer: {"t": seconds, "check": ...}),
+`profile` (a few steps under torch.profiler; answer: {"profile": {...}}) and `end` (answer: peak reserved, backend, gvmalloc's counters; then it
 exits 0). Other output lines are ignored. $GVM_LOCKSTEP_WORKER (a command
 line) replaces `python torch_lockstep.py` as the worker's command (the tests
 use a fake worker).
@@ -120,6 +122,16 @@ def worker(program, allocator, steps):
         build_and_warm_s=round(time.perf_counter() - t0, 2),
         backend=torch.cuda.get_allocator_backend())
     n = 0
+    # The counters as the paired steps left them, read before anything else
+    # (a profiled pass) adds its own.
+    after_steps = None
+
+    def steps_done():
+        nonlocal after_steps
+        if after_steps is None:
+            after_steps = (tp.allocations_so_far(torch), tp.gvm_counters() if counters is not None else None)
+        return after_steps
+
     while True:
         line = sys.stdin.readline()
         if not line:
@@ -129,12 +141,19 @@ def worker(program, allocator, steps):
             dt, out = timed(torch, prog.step)
             n += 1
             say(t=dt, check=prog.check(out))
+        elif command == "profile":
+            # Profiled steps after the paired ones (not counted among them):
+            # where a step's time goes - the GPU's busy and idle time, the CPU
+            # of all operators and of those that allocate.
+            steps_done()
+            _, summary = tp.profile_table(torch, prog.step, prog.profile_steps)
+            say(profile=summary)
         elif command == "end":
+            allocations, now = steps_done()
             out = dict(steps=n, peak_reserved=torch.cuda.max_memory_reserved(),
                        backend=torch.cuda.get_allocator_backend(),
-                       allocations_per_step=round((tp.allocations_so_far(torch) - a0) / max(1, n), 1))
+                       allocations_per_step=round((allocations - a0) / max(1, n), 1))
             if counters is not None:
-                now = tp.gvm_counters()
                 steps_only = {k: now[k] - counters[k] for k in now}
                 steps_only["driver_ms"] = round(steps_only.pop("driver_ns") / 1e6, 3)
                 out["gvmalloc"] = {"lockstep_steps": steps_only,
@@ -433,6 +452,18 @@ def run_program(program, allocators, steps, log_dir, share_end=None, hard_end=No
                     "%s %.2f ms" % (a, runs[a]["times_s"][-1] * 1e3) for a in allocators)), flush=True)
         res["paired_steps"] = done
 
+        # Each worker's profiled steps, one worker at a time, in the order of
+        # the round after the last (so that none is always profiled first).
+        if done > 0 and not res["failed"]:
+            for a in rotation(allocators, done):
+                try:
+                    msg = workers[a].ask("profile", capped(STEP_TIMEOUT_S * 4, hard_end),
+                                         needs=("profile",))
+                except WorkerFailed as e:
+                    fail(a, "profile: %s" % e)
+                    break
+                runs[a]["profile"] = msg["profile"]
+
         for a in allocators:
             w = workers.get(a)
             if w is None or a in res["failed"]:
@@ -531,6 +562,24 @@ def render(results, seconds):
                 lines.append("%-9s %-12s %-11s %7.3f %7.3f %7.3f  %-23s %15s  %s" % (
                     p["program"], a, ref, s["median"], s["q1"], s["q3"], fmt_ci(s),
                     "%d of %d" % (s["at_or_below"], s["n"]), s["verdict"]))
+    profiled = [(p, a) for p in results for a in p.get("allocators", [])
+                if p["runs"][a].get("profile")]
+    if profiled:
+        lines += ["", "=== Where a step goes: torch.profiler over a few steps after the paired ones, "
+                  "each worker in turn (ms per step; busy = the union of the GPU's kernels, copies "
+                  "and sets, idle = the gaps between its first and last activity; alloc ops = the "
+                  "operators that allocate, where the allocator runs)",
+                  "%-9s %-12s %12s %12s %12s %14s %12s" % (
+                      "program", "allocator", "gpu busy", "gpu idle", "all ops CPU", "alloc ops CPU",
+                      "allocs/step")]
+        for p, a in profiled:
+            o = p["runs"][a]["profile"]
+            g = o.get("gpu") or {}
+            cell = lambda k: "%12.3f" % g[k] if k in g else "%12s" % "—"  # noqa: E731
+            lines.append("%-9s %-12s %s %s %12.3f %14.3f %12.1f" % (
+                p["program"], a, cell("gpu_busy_ms_per_step"), cell("gpu_idle_ms_per_step"),
+                o["all_ops_self_cpu_ms_per_step"], o["alloc_ops_self_cpu_ms_per_step"],
+                o["alloc_ops_calls_per_step"]))
     extra = []
     for p in results:
         for a in p.get("allocators", []):

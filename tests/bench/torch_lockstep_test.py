@@ -93,6 +93,14 @@ while True:
         c = ("x%d" if d is not None and k >= d else "c%d") % k
         print("GVM_LOCKSTEP " + json.dumps({"t": t, "check": c}), flush=True)
         k += 1
+    elif cmd == "profile":
+        log("profile")
+        busy = {"native": 20.0, "expandable": 21.0}.get(alloc, 22.0)
+        print("GVM_LOCKSTEP " + json.dumps({"profile": {
+            "steps": 3, "gpu": {"gpu_busy_ms_per_step": busy, "gpu_idle_ms_per_step": 5.0,
+                                "gpu_span_ms_per_step": busy + 5.0, "gpu_activities_per_step": 900.0},
+            "all_ops_self_cpu_ms_per_step": 30.0, "alloc_ops_self_cpu_ms_per_step": 1.5,
+            "alloc_ops_calls_per_step": 500.0, "all_ops": {}, "by_op": {}}}), flush=True)
     elif cmd == "end":
         log("end")
         out = {"steps": k, "peak_reserved": {"native": 1000, "expandable": 950}.get(alloc, 900) << 20,
@@ -134,7 +142,15 @@ def build(allocator, steps):
         return state["i"]
     return tl.tp.Built(torch, step, lambda out: "loss%d" % out, 2, steps, 1)
 
+def profile_table(torch, step, n):
+    # torch.profiler is not here: the steps run as the profiler would run them.
+    for _ in range(n):
+        step()
+    return "(table)", {"steps": n, "gpu": None, "all_ops_self_cpu_ms_per_step": 7.25,
+                       "alloc_ops_self_cpu_ms_per_step": 0.5, "alloc_ops_calls_per_step": 3.0}
+
 tl.tp.BUILDERS = {p: build for p in tl.tp.BUILDERS}
+tl.tp.profile_table = profile_table
 sys.exit(tl.main(sys.argv[2:]))
 '''
 
@@ -280,6 +296,17 @@ def main(path):
               sum(1 for e in events[:first_llama] if e[2] == "end") == 3,
               "gpt2's three workers end before llama's first starts: %s" % events[first_llama - 4:first_llama + 1])
         check(all_gone(pids_of(log)), "no worker is left running")
+        gpt2_events = [e for e in events if e[0] == "gpt2"]
+        profiles = [e[1] for e in gpt2_events if e[2] == "profile"]
+        last_step = max(i for i, e in enumerate(gpt2_events) if e[2] == "step")
+        first_end = min(i for i, e in enumerate(gpt2_events) if e[2] == "end")
+        check(profiles == tl.rotation(allocs, 10) and
+              all(last_step < i < first_end for i, e in enumerate(gpt2_events) if e[2] == "profile"),
+              "each worker profiled once, after the paired steps and before any end, in the next "
+              "round's order: %s" % gpt2_events[-8:])
+        prof = [w for w in rows(text, "gpt2", "gvm") if len(w) == 7 and w[2] == "22.000"]
+        check(prof == [["gpt2", "gvm", "22.000", "5.000", "30.000", "1.500", "500.0"]],
+              "gvm's profile row: %s" % rows(text, "gpt2", "gvm"))
         env = {l.split()[1]: l for l in log if l.startswith("gpt2") and " start " in l}
         check("conf=None" in env["native"] and "conf=None" in env["gvm"] and
               "conf=expandable_segments:True" in env["expandable"],
@@ -427,6 +454,11 @@ def main(path):
               run.get("allocations_per_step") == 5.0, "the real worker's end answer: %s" % run)
         check("gpt2, gvm: gvmalloc over the paired steps: chunks_mapped 4, chunks_unmapped 0, fences 0, "
               "driver_calls 4, driver_ms 4.0" in text, "gvmalloc's counters between ready and end:\n" + text)
+        check(run.get("profile", {}).get("all_ops_self_cpu_ms_per_step") == 7.25,
+              "the real worker answers 'profile': %s" % run.get("profile"))
+        prof = rows(text, "gpt2", "gvm")
+        check(any(r[2:] == ["—", "—", "7.250", "0.500", "3.0"] for r in prof),
+              "the profile's row (no GPU activity: dashes): %s" % prof)
         check("gvmalloc" not in g["runs"]["native"], "no gvmalloc counters for native")
         check(" ".join(rows(text, "gpt2", "native")[0]).endswith("123 MiB yes"), "the real worker's row")
         log_path = os.path.join(out_dir, "workers", "gpt2-gvm.log")
