@@ -7,6 +7,7 @@ a GPU").
     python bench/torch_lockstep.py [--programs resnet50,gpt2,llama]
                                    [--allocators native,expandable,gvm]
                                    [--steps N] [--out DIR] [--deadline SECONDS]
+                                   [--pin CPUS]
 
 Why: the host drifts. The same allocator's median step moves by 30% between
 runs minutes apart, more than the allocators differ, so runs one after another
@@ -24,6 +25,12 @@ torch_programs.py's names (gvm-keep, gvm-base with GVM_BASE_BUILD, ...) and a
 name again with a suffix (gvm#2: a second gvmalloc process, to see the
 method's own spread). The order of the processes is rotated by one at every
 step, so that none always goes first.
+
+--pin CPUS (e.g. 0-7): every worker runs on those CPUs only. They take their
+steps one at a time, so pinning them all to the same CPUs takes out what a
+process's placement on the host adds (other cores, another memory node) and
+leaves only the allocators' difference and the host's drift, which lockstep
+pairs away.
 
 The workers of a program start one at a time (each warms up, cuDNN's
 benchmark included, before the next starts), are all alive during the steps,
@@ -89,6 +96,10 @@ END_TIMEOUT_S = 60.0
 STARTUP_GUESS_S = 20.0
 END_RESERVE_S = 5.0
 MIN_ROUNDS = 6
+# A worker's profiled steps may take this many times its longest paired step
+# (torch.profiler's overhead over a few steps), plus this much.
+PROFILE_STEP_FACTOR = 20.0
+PROFILE_SLACK_S = 30.0
 
 # The clock of the deadline and the walls (the tests put a fake one here).
 clock = time.monotonic
@@ -185,7 +196,7 @@ class Worker:
     thread (line by line, so that neither side waits on a full pipe), its
     stderr into a file."""
 
-    def __init__(self, program, allocator, steps, log_path):
+    def __init__(self, program, allocator, steps, log_path, cpus=None):
         self.allocator = allocator
         self.log_path = log_path
         self.log = open(log_path, "wb")
@@ -193,7 +204,9 @@ class Worker:
         self.proc = subprocess.Popen(worker_command(program, allocator, steps), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log,
                                      env=tp.program_env(allocator), encoding="utf-8",
-                                     errors="replace", bufsize=1)
+                                     errors="replace", bufsize=1,
+                                     preexec_fn=None if cpus is None else
+                                     (lambda: os.sched_setaffinity(0, cpus)))
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -375,7 +388,7 @@ def capped(timeout, hard_end):
     return min(timeout, max(10.0, hard_end + END_RESERVE_S + 30.0 - clock()))
 
 
-def run_program(program, allocators, steps, log_dir, share_end=None, hard_end=None):
+def run_program(program, allocators, steps, log_dir, share_end=None, hard_end=None, cpus=None):
     """One program's workers, started one at a time, then `steps` rounds of
     one step each in rotating order, then ended. share_end / hard_end: clock()
     values; no round is started that should end past share_end (after
@@ -402,7 +415,8 @@ def run_program(program, allocators, steps, log_dir, share_end=None, hard_end=No
             r0 = clock()
             name = a.replace("#", "_")
             try:
-                workers[a] = Worker(program, a, steps, os.path.join(log_dir, "%s-%s.log" % (program, name)))
+                workers[a] = Worker(program, a, steps, os.path.join(log_dir, "%s-%s.log" % (program, name)),
+                                    cpus)
                 msg = workers[a].ask(None, capped(READY_TIMEOUT_S, hard_end), needs=("ready",))
             except (WorkerFailed, OSError) as e:
                 fail(a, e)
@@ -454,19 +468,34 @@ def run_program(program, allocators, steps, log_dir, share_end=None, hard_end=No
 
         # Each worker's profiled steps, one worker at a time, in the order of
         # the round after the last (so that none is always profiled first).
+        # Optional: skipped when the deadline is near (a profiled step takes
+        # several times a plain one), and a profile that fails or takes too
+        # long costs its worker the profile and the end answer, not its steps.
         if done > 0 and not res["failed"]:
             for a in rotation(allocators, done):
+                budget = PROFILE_STEP_FACTOR * max(runs[a]["times_s"]) + PROFILE_SLACK_S
+                if hard_end is not None and clock() + budget > hard_end:
+                    runs[a]["profile_error"] = "not profiled: the --deadline was near"
+                    continue
                 try:
-                    msg = workers[a].ask("profile", capped(STEP_TIMEOUT_S * 4, hard_end),
-                                         needs=("profile",))
+                    msg = workers[a].ask("profile", budget, needs=("profile",))
                 except WorkerFailed as e:
-                    fail(a, "profile: %s" % e)
-                    break
+                    runs[a]["profile_error"] = str(e)
+                    workers[a].kill()
+                    print("   %s: no profile (%s)" % (a, e), flush=True)
+                    continue
                 runs[a]["profile"] = msg["profile"]
 
         for a in allocators:
             w = workers.get(a)
-            if w is None or a in res["failed"]:
+            if w is None or a in res["failed"] or "profile_error" not in runs[a]:
+                continue
+            if w.proc.poll() is not None:
+                runs[a]["end_error"] = "not asked: its profile failed"
+
+        for a in allocators:
+            w = workers.get(a)
+            if w is None or a in res["failed"] or "end_error" in runs[a]:
                 continue
             try:
                 msg = w.end(capped(END_TIMEOUT_S, hard_end))
@@ -563,7 +592,7 @@ def render(results, seconds):
                     p["program"], a, ref, s["median"], s["q1"], s["q3"], fmt_ci(s),
                     "%d of %d" % (s["at_or_below"], s["n"]), s["verdict"]))
     profiled = [(p, a) for p in results for a in p.get("allocators", [])
-                if p["runs"][a].get("profile")]
+                if p["runs"][a].get("profile") or p["runs"][a].get("profile_error")]
     if profiled:
         lines += ["", "=== Where a step goes: torch.profiler over a few steps after the paired ones, "
                   "each worker in turn (ms per step; busy = the union of the GPU's kernels, copies "
@@ -573,6 +602,9 @@ def render(results, seconds):
                       "program", "allocator", "gpu busy", "gpu idle", "all ops CPU", "alloc ops CPU",
                       "allocs/step")]
         for p, a in profiled:
+            if not p["runs"][a].get("profile"):
+                lines.append("%-9s %-12s no profile: %s" % (p["program"], a, p["runs"][a]["profile_error"]))
+                continue
             o = p["runs"][a]["profile"]
             g = o.get("gpu") or {}
             cell = lambda k: "%12.3f" % g[k] if k in g else "%12s" % "—"  # noqa: E731
@@ -599,6 +631,23 @@ def render(results, seconds):
 
 # ---- the run -----------------------------------------------------------------------------------
 
+def parse_cpus(text):
+    """The CPUs of a list like "0-3,8": a set, refused (SystemExit) where this
+    process may not run on one of them."""
+    cpus = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise SystemExit("--pin: a list of CPUs like 0-3,8 (got %r)" % text)
+    allowed = os.sched_getaffinity(0)
+    if not cpus or not cpus <= allowed:
+        raise SystemExit("--pin: %s is not within the CPUs this process may use (%s)"
+                         % (text, ",".join(map(str, sorted(allowed)))))
+    return cpus
+
+
 USAGE = __doc__.split("\n\n")[1]
 
 
@@ -609,10 +658,11 @@ def main(argv):
         return worker(argv[1], argv[2], int(argv[3]))
     out_dir = os.environ.get("OUT") or "torch-lockstep-out"
     programs, allocators, steps, deadline = list(DEFAULT_STEPS), list(DEFAULT_ALLOCATORS), None, None
+    cpus = None
     args = list(argv)
     while args:
         a = args.pop(0)
-        if a in ("--out", "--programs", "--allocators", "--steps", "--deadline") and not args:
+        if a in ("--out", "--programs", "--allocators", "--steps", "--deadline", "--pin") and not args:
             raise SystemExit("%s needs a value\n%s" % (a, USAGE))
         if a == "--out":
             out_dir = args.pop(0)
@@ -626,6 +676,8 @@ def main(argv):
                 raise SystemExit("--steps: at least 1 (got %d)" % steps)
         elif a == "--deadline":
             deadline = float(args.pop(0))
+        elif a == "--pin":
+            cpus = parse_cpus(args.pop(0))
         else:
             raise SystemExit(USAGE)
     unknown = [p for p in programs if p not in DEFAULT_STEPS]
@@ -660,7 +712,8 @@ def main(argv):
                 continue
             share_end = now + left / (len(programs) - i)
             hard_end = start + deadline - END_RESERVE_S
-        res = run_program(program, allocators, n_steps, log_dir, share_end, hard_end)
+        res = run_program(program, allocators, n_steps, log_dir, share_end, hard_end, cpus)
+        res["cpus"] = None if cpus is None else sorted(cpus)
         ready_walls += [r["ready_s"] for r in res["runs"].values() if "ready_s" in r]
         results.append(res)
     seconds = clock() - start

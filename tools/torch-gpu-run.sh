@@ -38,6 +38,7 @@
 # gvm,native,expandable,gvm#2) the programs' runs and their order (lockstep: its
 # processes, native,expandable,gvm by default); GVM_TORCH_ROUNDS=N runs them N times, each round the
 # one before rotated by one (bench/torch_programs.py --rounds);
+# GVM_TORCH_LOCKSTEP_PIN (CPUs, e.g. 2-9): the lockstep workers all on those CPUs;
 # GVM_TORCH_CMAKE_ARGS: more configure arguments (build-torch only);
 # GVM_TORCH_JOBS: parallel jobs for build and cpu (default: nproc).
 # A step that fails is reported and the rest still run; logs and tables go to
@@ -147,6 +148,7 @@ if want lockstep; then
   args=(--out "$OUT_DIR/torch-lockstep" --deadline "$LOCKSTEP_S")
   [ -n "${GVM_TORCH_PROGRAMS:-}" ] && args+=(--programs "$GVM_TORCH_PROGRAMS")
   [ -n "${GVM_TORCH_ALLOCATORS:-}" ] && args+=(--allocators "$GVM_TORCH_ALLOCATORS")
+  [ -n "${GVM_TORCH_LOCKSTEP_PIN:-}" ] && args+=(--pin "$GVM_TORCH_LOCKSTEP_PIN")
   step lockstep "$LOCKSTEP_S" "$PYTHON" "$ROOT/bench/torch_lockstep.py" "${args[@]}"
 fi
 

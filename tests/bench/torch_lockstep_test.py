@@ -56,8 +56,9 @@ def append(path, text):
 def log(event):
     append(spec["log"], "%s %s %s" % (program, alloc, event))
 
-log("start pid=%d steps=%d conf=%s pythonpath=%s" % (
-    os.getpid(), steps, os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), os.environ.get("PYTHONPATH", "")))
+log("start pid=%d steps=%d conf=%s pythonpath=%s cpus=%s" % (
+    os.getpid(), steps, os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), os.environ.get("PYTHONPATH", ""),
+    ",".join(map(str, sorted(os.sched_getaffinity(0))))))
 # Chatter: more than a pipe holds, on both streams, and lines like the protocol's.
 sys.stderr.write(("warming up %s\n" % alloc) * 20000)
 sys.stdout.write("loading weights\n" * 10000)
@@ -95,6 +96,8 @@ while True:
         k += 1
     elif cmd == "profile":
         log("profile")
+        if get("hang_in_profile"):
+            time.sleep(120)
         busy = {"native": 20.0, "expandable": 21.0}.get(alloc, 22.0)
         print("GVM_LOCKSTEP " + json.dumps({"profile": {
             "steps": 3, "gpu": {"gpu_busy_ms_per_step": busy, "gpu_idle_ms_per_step": 5.0,
@@ -384,6 +387,36 @@ def main(path):
         check("exit 5" in p["llama"]["runs"]["native"].get("error", ""),
               "a worker that exits 5 after its end answer is reported: %s" % p["llama"]["runs"]["native"])
         check(all_gone(pids_of(log)), "no worker is left running after a death")
+
+        # A profile that hangs costs its worker the profile and the end answer, not its
+        # steps; --pin puts every worker on the CPUs named.
+        tl.PROFILE_STEP_FACTOR, tl.PROFILE_SLACK_S = 0.0, 1.0
+        cpu = min(os.sched_getaffinity(0))
+        spec = {"hang_in_profile": {"gpt2/gvm": True}}
+        rc, text, js, log, _, seconds = r.run(["--programs", "gpt2", "--steps", "7", "--pin", str(cpu)], spec)
+        tl.PROFILE_STEP_FACTOR, tl.PROFILE_SLACK_S = 20.0, 30.0
+        p = js["programs"][0]
+        g = p["runs"]["gvm"]
+        check(rc == 0 and p["paired_steps"] == 7 and len(g["times_s"]) == 7 and g["vs"]["native"]["n"] == 7,
+              "a hung profile keeps its worker's steps (exit %d): %s" % (rc, p.get("paired_steps")))
+        check("no answer to 'profile' within 1 s" in g.get("profile_error", ""),
+              "the hung profile is reported: %s" % g.get("profile_error"))
+        check(["gpt2", "gvm", "no", "profile:"] in [w[:4] for w in rows(text, "gpt2", "gvm")],
+              "the profile table says so: %s" % rows(text, "gpt2", "gvm"))
+        check("peak_reserved" not in g and "peak_reserved" in p["runs"]["native"],
+              "no end answer from the killed worker, the others' as usual")
+        check(seconds < 30, "the hung profile is given up in time (%.0f s)" % seconds)
+        check(all_gone(pids_of(log)), "no worker is left running after a hung profile")
+        starts = [l for l in log if " start " in l]
+        check(len(starts) == 3 and all(l.endswith("cpus=%d" % cpu) for l in starts),
+              "every worker on the CPU of --pin: %s" % [l.split()[-1] for l in starts])
+        for bad in ("x", "99999", ""):
+            try:
+                tl.parse_cpus(bad)
+                check(False, "--pin %r is refused" % bad)
+            except SystemExit as e:
+                check("--pin" in str(e), "--pin %r refused: %s" % (bad, e))
+        check(tl.parse_cpus("%d-%d,%d" % (cpu, cpu, cpu)) == {cpu}, "a range and a repeat")
 
         # A hung worker: given up after the step timeout, killed; one that dies before ready.
         tl.STEP_TIMEOUT_S = 1.0
