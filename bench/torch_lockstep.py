@@ -201,12 +201,21 @@ class Worker:
         self.log_path = log_path
         self.log = open(log_path, "wb")
         self.answers = queue.Queue()
-        self.proc = subprocess.Popen(worker_command(program, allocator, steps), stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log,
-                                     env=tp.program_env(allocator), encoding="utf-8",
-                                     errors="replace", bufsize=1,
-                                     preexec_fn=None if cpus is None else
-                                     (lambda: os.sched_setaffinity(0, cpus)))
+        # Pinned by inheritance: this thread takes the CPUs for the spawn (a
+        # child inherits its parent thread's affinity) and gets its own back,
+        # rather than a preexec_fn, which is not safe beside the reader threads
+        # of the workers started before.
+        before = os.sched_getaffinity(0) if cpus is not None else None
+        try:
+            if cpus is not None:
+                os.sched_setaffinity(0, cpus)
+            self.proc = subprocess.Popen(worker_command(program, allocator, steps),
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self.log, env=tp.program_env(allocator),
+                                         encoding="utf-8", errors="replace", bufsize=1)
+        finally:
+            if before is not None:
+                os.sched_setaffinity(0, before)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 

@@ -391,7 +391,8 @@ def main(path):
         # A profile that hangs costs its worker the profile and the end answer, not its
         # steps; --pin puts every worker on the CPUs named.
         tl.PROFILE_STEP_FACTOR, tl.PROFILE_SLACK_S = 0.0, 1.0
-        cpu = min(os.sched_getaffinity(0))
+        mine = os.sched_getaffinity(0)
+        cpu = min(mine)
         spec = {"hang_in_profile": {"gpt2/gvm": True}}
         rc, text, js, log, _, seconds = r.run(["--programs", "gpt2", "--steps", "7", "--pin", str(cpu)], spec)
         tl.PROFILE_STEP_FACTOR, tl.PROFILE_SLACK_S = 20.0, 30.0
@@ -410,6 +411,8 @@ def main(path):
         starts = [l for l in log if " start " in l]
         check(len(starts) == 3 and all(l.endswith("cpus=%d" % cpu) for l in starts),
               "every worker on the CPU of --pin: %s" % [l.split()[-1] for l in starts])
+        check(os.sched_getaffinity(0) == mine, "the coordinator's own CPUs are given back: %s"
+              % sorted(os.sched_getaffinity(0)))
         for bad in ("x", "99999", ""):
             try:
                 tl.parse_cpus(bad)
