@@ -77,7 +77,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 import torch_programs as tp  # noqa: E402
-from torch_programs import ALLOCATORS, base_libraries, is_gvm, setup, timed  # noqa: E402,F401
+from torch_programs import ALLOCATORS, base_libraries, is_gvm, timed  # noqa: E402
 
 MiB = 1 << 20
 PREFIX = "GVM_LOCKSTEP "
