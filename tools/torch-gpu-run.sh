@@ -39,6 +39,8 @@
 # processes, native,expandable,gvm by default); GVM_TORCH_ROUNDS=N runs them N times, each round the
 # one before rotated by one (bench/torch_programs.py --rounds);
 # GVM_TORCH_LOCKSTEP_PIN (CPUs, e.g. 2-9): the lockstep workers all on those CPUs;
+# GVM_TORCH_LOCKSTEP_STEPS=N: paired steps per program (bench/torch_lockstep.py
+# --steps; the deadline still stops a program's steps early);
 # GVM_TORCH_CMAKE_ARGS: more configure arguments (build-torch only);
 # GVM_TORCH_JOBS: parallel jobs for build and cpu (default: nproc).
 # A step that fails is reported and the rest still run; logs and tables go to
@@ -149,6 +151,7 @@ if want lockstep; then
   [ -n "${GVM_TORCH_PROGRAMS:-}" ] && args+=(--programs "$GVM_TORCH_PROGRAMS")
   [ -n "${GVM_TORCH_ALLOCATORS:-}" ] && args+=(--allocators "$GVM_TORCH_ALLOCATORS")
   [ -n "${GVM_TORCH_LOCKSTEP_PIN:-}" ] && args+=(--pin "$GVM_TORCH_LOCKSTEP_PIN")
+  [ -n "${GVM_TORCH_LOCKSTEP_STEPS:-}" ] && args+=(--steps "$GVM_TORCH_LOCKSTEP_STEPS")
   step lockstep "$LOCKSTEP_S" "$PYTHON" "$ROOT/bench/torch_lockstep.py" "${args[@]}"
 fi
 
