@@ -32,7 +32,7 @@ class ClassicBacking final : public PhysicalBacking {
     return vmm::Result::success;
   }
 
-  std::vector<vmm::MappedChunk> map(std::uintptr_t, std::size_t, std::size_t,
+  std::vector<vmm::MappedChunk> map(std::vector<ChunkPlan>&,
                                     const std::vector<vmm::AccessDesc>&) override {
     throw vmm::DriverError(vmm::Result::not_supported, "cuMemMap (no VMM)");
   }

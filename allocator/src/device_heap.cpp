@@ -120,7 +120,7 @@ std::size_t DeviceHeap::idle_for_growth(const Heap& h) const {
   return h.cached_bytes();
 }
 
-void DeviceHeap::release_for_growth(Heap& h, const GrowthPlan& plan) {
+void DeviceHeap::release_for_growth(Heap& h, const GrowthPlan& plan, HandleStash* keep) {
   // Empty spans are cached memory too: back to their arenas first, so that
   // their granules can go with the chunks.
   if (plan.own_heap) {
@@ -130,10 +130,10 @@ void DeviceHeap::release_for_growth(Heap& h, const GrowthPlan& plan) {
   }
   try {
     if (plan.own_heap) {
-      if (idle_for_growth(h) != 0) (void)h.release_cached(plan.release, false);
+      if (idle_for_growth(h) != 0) (void)h.release_cached(plan.release, false, keep);
     } else {  // the slack bound gives back arena memory only; the cap counts
               // the scratch too (docs/design-notes.md)
-      (void)release_cached(plan.release, false, /*include_scratch=*/!plan.slack);
+      (void)release_cached(plan.release, false, /*include_scratch=*/!plan.slack, keep);
     }
   } catch (const vmm::DriverError&) {
     if (!plan.slack) throw;
@@ -151,29 +151,45 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
                                        idle_for_growth(h));
   // During a capture nothing is released (a release fences: a host wait the
   // capture forbids); past the cap that is an out-of-memory that says so.
-  if (plan.release != 0 && !capture) release_for_growth(h, plan);
+  // The release keeps the handles it unmaps for this growth
+  // (handle_stash.hpp): charged and in transit until mapped again or
+  // released below.
+  HandleStash stash;
+  if (plan.release != 0 && !capture) release_for_growth(h, plan, &stash);
   const std::size_t cap = policy_.cap();
   const std::size_t chunk = std::max(
       h.kind() == Heap::Kind::scratch ? config_.scratch_chunk_bytes : config_.max_chunk_bytes,
       kGranule);
-  auto map_all = [&] {
-    std::vector<vmm::MappedChunk> all;
-    for (const auto& r : runs) {
-      std::vector<vmm::MappedChunk> part = backing_->map(r.first, r.second, chunk, h.access());
-      for (auto& m : part) all.push_back(std::move(m));
-    }
-    return all;
-  };
+  std::vector<ChunkPlan> pieces = plan_chunks(runs, chunk, &stash);
+  std::size_t reused = 0, kept_handles = 0;
+  for (const ChunkPlan& c : pieces) {
+    reused += c.reused.size();
+    kept_handles += c.reused.empty() ? 0 : 1;
+  }
+  // What no chunk took goes before any new chunk is made: the device never
+  // holds more than the release and the growth leave.
+  if (const std::size_t unused = stash.release_all(); unused != 0) {
+    budget_.credit(unused);
+    transit(-static_cast<std::int64_t>(unused));
+  }
   // In transit (before the charge: the checker reads the budget, then this)
-  // until the heap installs the chunks (Heap::map_under).
-  transit(static_cast<std::int64_t>(need));
-  if (!budget_.charge(need, cap)) {
-    transit(-static_cast<std::int64_t>(need));
+  // until the heap installs the chunks (Heap::map_under); the kept handles
+  // are charged and in transit already.
+  const std::size_t fresh = need - reused;
+  transit(static_cast<std::int64_t>(fresh));
+  if (!budget_.charge(fresh, cap)) {
+    transit(-static_cast<std::int64_t>(fresh));
+    pieces.clear();  // releases the kept handles
+    budget_.credit(reused);
+    transit(-static_cast<std::int64_t>(reused));
     throw_oom(requested, capture ? kCaptureCap : "the reserved-bytes cap");
   }
   try {
-    return map_all();
+    std::vector<vmm::MappedChunk> made = backing_->map(pieces, h.access());
+    handles_reused_.fetch_add(kept_handles, std::memory_order_relaxed);
+    return made;
   } catch (const vmm::DriverError& e) {
+    pieces.clear();  // a kept handle not mapped yet goes too
     budget_.credit(need);
     transit(-static_cast<std::int64_t>(need));
     if (e.result() != vmm::Result::out_of_memory) throw;
@@ -190,7 +206,8 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
     throw_oom(requested, "the reserved-bytes cap");
   }
   try {
-    return map_all();
+    std::vector<ChunkPlan> fresh_pieces = plan_chunks(runs, chunk, nullptr);
+    return backing_->map(fresh_pieces, h.access());
   } catch (const vmm::DriverError& e) {
     budget_.credit(need);
     transit(-static_cast<std::int64_t>(need));
@@ -221,7 +238,7 @@ vmm::DevicePtr DeviceHeap::segment_for(Heap& h, std::size_t* bytes, std::size_t 
                                        static_cast<std::size_t>(peak_live_.load()), arena,
                                        idle_for_growth(h));
   const bool capture = capturing();
-  if (plan.release != 0 && !capture) release_for_growth(h, plan);
+  if (plan.release != 0 && !capture) release_for_growth(h, plan, nullptr);
   const std::size_t cap = policy_.cap();
   transit(static_cast<std::int64_t>(need));  // until the heap adds the segment
   if (!budget_.charge(need, cap)) {
@@ -400,7 +417,8 @@ Block* DeviceHeap::lend_granule(StreamState& taker, const Heap* except, Heap** l
   return nullptr;
 }
 
-std::size_t DeviceHeap::release_cached(std::size_t want, bool all, bool include_scratch) {
+std::size_t DeviceHeap::release_cached(std::size_t want, bool all, bool include_scratch,
+                                       HandleStash* keep) {
   std::size_t dropped = 0;
   for (Heap* h : heaps()) {
     if (!all && dropped >= want) break;
@@ -410,7 +428,7 @@ std::size_t DeviceHeap::release_cached(std::size_t want, bool all, bool include_
     // (release_pool) or when its owner asks (trim_pool), as PyTorch's
     // allocator frees a graph pool's blocks only once the pool is released.
     if (h->kind() == Heap::Kind::pool && !h->released()) continue;
-    dropped += h->release_cached(all ? 0 : want - dropped, all);
+    dropped += h->release_cached(all ? 0 : want - dropped, all, keep);
   }
   return dropped;
 }
@@ -508,6 +526,7 @@ DeviceStats DeviceHeap::stats() const {
   s.oom_retries = oom_retries_.load(std::memory_order_relaxed);
   s.fences = fences_.load(std::memory_order_relaxed);
   s.cross_stream_waits = cross_stream_waits_.load(std::memory_order_relaxed);
+  s.chunks_reused = handles_reused_.load(std::memory_order_relaxed);
   return s;
 }
 

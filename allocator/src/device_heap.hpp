@@ -137,7 +137,8 @@ class DeviceHeap {
   // `want` bytes are dropped (all: every one). Returns the bytes dropped.
   // The scratch is left out unless include_scratch: its chunks carry peer
   // grants that cost ~1 ms per 64 MiB to make again (docs/measurements.md).
-  std::size_t release_cached(std::size_t want, bool all, bool include_scratch);
+  std::size_t release_cached(std::size_t want, bool all, bool include_scratch,
+                             HandleStash* keep = nullptr);
   void credit(std::size_t bytes) noexcept { budget_.credit(bytes); }
   // Bytes charged to the budget but not yet in a heap's chunks, or gone
   // from a heap's chunks but not yet credited: the checker allows them.
@@ -210,7 +211,7 @@ class DeviceHeap {
   Heap& add_heap(std::unique_ptr<Heap> h);
   // The release a growth of h plans first: h's own chunks or the device's
   // (GrowthPlan::own_heap). Throws DriverError for a cap release that failed.
-  void release_for_growth(Heap& h, const GrowthPlan& plan);
+  void release_for_growth(Heap& h, const GrowthPlan& plan, HandleStash* keep);
   // h's wholly free chunk bytes that a growth of h may release (rule 5):
   // none for the scratch or a private pool still in use.
   std::size_t idle_for_growth(const Heap& h) const;
@@ -246,6 +247,7 @@ class DeviceHeap {
   std::atomic<std::int64_t> peak_live_{0};
   std::atomic<std::int64_t> headroom_{0};
   std::atomic<std::uint64_t> oom_retries_{0};
+  std::atomic<std::uint64_t> handles_reused_{0};  // kept handles mapped again (map_for)
   std::atomic<std::uint64_t> fences_{0};
   std::atomic<std::uint64_t> cross_stream_waits_{0};
   std::atomic<std::int64_t> transit_{0};

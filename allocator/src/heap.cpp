@@ -883,7 +883,7 @@ std::size_t Heap::reclaim_spans() {
 
 // --------------------------------------------------------------- release --
 
-std::size_t Heap::release_cached(std::size_t want, bool all) {
+std::size_t Heap::release_cached(std::size_t want, bool all, HandleStash* keep) {
   std::lock_guard<std::mutex> chunks(chunks_mu_);
   std::vector<LargeArena::Release> picked;
   WaitSet waits;
@@ -937,7 +937,9 @@ std::size_t Heap::release_cached(std::size_t want, bool all) {
   std::size_t dropped = 0;
   vmm::Result failure = vmm::Result::success;
   for (LargeArena::Release& r : picked) {
-    const vmm::Result res = fenced ? arena_.drop(r) : vmm::Result::unknown;
+    vmm::PhysicalChunk kept;
+    const vmm::Result res =
+        fenced ? arena_.drop(r, keep != nullptr ? &kept : nullptr) : vmm::Result::unknown;
     const std::size_t size = r.size;
     const bool ok = res == vmm::Result::success;
     if (ok) device_.transit(static_cast<std::int64_t>(size));  // gone here, not yet credited
@@ -948,8 +950,12 @@ std::size_t Heap::release_cached(std::size_t want, bool all) {
     }
     if (ok) {
       dropped += size;
-      device_.credit(size);
-      device_.transit(-static_cast<std::int64_t>(size));
+      if (!kept.empty()) {
+        keep->add(std::move(kept));  // charged and in transit until the growth is done
+      } else {
+        device_.credit(size);
+        device_.transit(-static_cast<std::int64_t>(size));
+      }
     } else if (failure == vmm::Result::success) {
       failure = res;
     }

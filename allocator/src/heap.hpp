@@ -26,6 +26,7 @@
 #include "gvm/allocator.hpp"
 #include "gvm/memory_map.hpp"
 #include "gvm/stats.hpp"
+#include "handle_stash.hpp"
 #include "large_arena.hpp"
 #include "small_blocks.hpp"
 #include "spin_lock.hpp"
@@ -191,7 +192,10 @@ class Heap {
   void return_lent(Block* b, const WaitSet& waits);
   // Returns whole cached chunks to the driver, behind the fence, until
   // `want` bytes are dropped (all: every one). Returns the bytes dropped.
-  std::size_t release_cached(std::size_t want, bool all);
+  // `keep`: the chunks are unmapped and their handles go there, still
+  // charged to the device and in transit (a growth maps them again,
+  // DeviceHeap::map_for); without it they are released.
+  std::size_t release_cached(std::size_t want, bool all, HandleStash* keep = nullptr);
   // Unused spans back to the large arena; how many.
   std::size_t reclaim_spans();
   void drop_unused_regions();

@@ -663,7 +663,8 @@ bool LargeArena::begin_release(std::uint32_t idx, Release* out, WaitSet* waits, 
   return true;
 }
 
-vmm::Result LargeArena::drop(Release& r) noexcept {
+vmm::Result LargeArena::drop(Release& r, vmm::PhysicalChunk* keep) noexcept {
+  if (on_demand_ && keep != nullptr) return r.mem.unmap_keep(keep);
   if (on_demand_) {
     const vmm::Result res = r.mem.reset();
     // A cuMemRelease that fails after the cuMemUnmap went through leaves the

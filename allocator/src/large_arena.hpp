@@ -220,8 +220,9 @@ class LargeArena {
   // its driver time on an H200).
   std::vector<bool> releasable(const std::vector<std::uint32_t>& chunks) const;
   // The driver call that drops it (VMM: unmap + release; no VMM: cuMemFree
-  // of the segment). No lock needed.
-  vmm::Result drop(Release& r) noexcept;
+  // of the segment). No lock needed. `keep` (VMM only): unmap and move the
+  // physical handle there instead of releasing it (HandleStash).
+  vmm::Result drop(Release& r, vmm::PhysicalChunk* keep = nullptr) noexcept;
   // After drop: on success the range is free and unmapped (no waits); on
   // failure it is free again as it was and the chunk stays mapped.
   void end_release(Release& r, bool dropped);

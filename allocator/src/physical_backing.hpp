@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "gvm/config.hpp"
+#include "handle_stash.hpp"
 #include "gvm/vmm/device_caps.hpp"
 #include "gvm/vmm/driver.hpp"
 #include "gvm/vmm/owners.hpp"
@@ -45,12 +46,13 @@ class PhysicalBacking {
   // caller's to handle).
   virtual vmm::Result allocate_segment(std::size_t* bytes, std::size_t alignment,
                                        vmm::DevicePtr* out) = 0;
-  // VMM: physical memory under [addr, addr + size), as chunks of at most
-  // chunk_bytes, mapped and granted to `access` (the owner first). All or
-  // nothing: on a failure the chunks made are undone (never touched: no
-  // fence) and DriverError says which call failed.
-  virtual std::vector<vmm::MappedChunk> map(std::uintptr_t addr, std::size_t size,
-                                            std::size_t chunk_bytes,
+  // VMM: the chunks of `plan` (plan_chunks, handle_stash.hpp) mapped and
+  // granted to `access` (the owner first): each a new physical chunk of its
+  // size, or the kept handle it carries. All or nothing: on a failure the
+  // chunks made are undone (never touched: no fence), the kept handles not
+  // yet mapped are released with them, and DriverError says which call
+  // failed.
+  virtual std::vector<vmm::MappedChunk> map(std::vector<ChunkPlan>& plan,
                                             const std::vector<vmm::AccessDesc>& access) = 0;
 };
 

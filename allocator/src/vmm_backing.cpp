@@ -48,17 +48,19 @@ class VmmBacking final : public PhysicalBacking {
     return vmm::Result::not_supported;
   }
 
-  std::vector<vmm::MappedChunk> map(std::uintptr_t addr, std::size_t size, std::size_t chunk_bytes,
+  std::vector<vmm::MappedChunk> map(std::vector<ChunkPlan>& plan,
                                     const std::vector<vmm::AccessDesc>& access) override {
     std::vector<vmm::MappedChunk> made;
-    const std::size_t limit = std::max(chunk_bytes, kGranule);
-    while (size != 0) {
-      const std::size_t piece = std::min(size, limit);
-      // Create, map and grant in one step; a failure undoes itself, and the
-      // chunks made before it go when `made` does.
-      made.emplace_back(driver_, caps_.device, addr, piece, access);
-      addr += piece;
-      size -= piece;
+    made.reserve(plan.size());
+    for (ChunkPlan& c : plan) {
+      // Create (or take the kept handle), map and grant in one step; a
+      // failure undoes itself, the chunks made before it go when `made`
+      // does, and the kept handles still in `plan` when the caller's plan
+      // does.
+      if (!c.reused.empty())
+        made.emplace_back(driver_, c.addr, std::move(c.reused), access);
+      else
+        made.emplace_back(driver_, caps_.device, c.addr, c.size, access);
     }
     return made;
   }

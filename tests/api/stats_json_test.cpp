@@ -30,6 +30,7 @@ DeviceStats numbered_device(int device, std::uint64_t base) {
   d.oom_retries = base + 12;
   d.fences = base + 13;
   d.cross_stream_waits = base + 14;
+  d.chunks_reused = base + 15;
   return d;
 }
 
@@ -56,7 +57,7 @@ TEST(StatsJson, FixedStatsGiveExactText) {
             "\"cached_bytes\":103,\"peak_live_bytes\":104,\"peak_reserved_bytes\":105,"
             "\"scratch_reserved_bytes\":106,\"allocations\":107,\"frees\":108,"
             "\"cache_hits\":109,\"chunks_mapped\":110,\"chunks_unmapped\":111,"
-            "\"oom_retries\":112,\"fences\":113,\"cross_stream_waits\":114}],"
+            "\"oom_retries\":112,\"fences\":113,\"cross_stream_waits\":114,\"chunks_reused\":115}],"
             "\"driver_calls\":{\"cuMemCreate\":{\"calls\":3,\"ns\":45000}},"
             "\"driver_totals\":{\"calls\":3,\"ns\":45000}}");
 }
@@ -78,10 +79,11 @@ TEST(StatsJson, EveryFieldOfEveryDeviceAndOnlyNonZeroCalls) {
   ASSERT_NE(devices, nullptr);
   ASSERT_EQ(devices->items.size(), 3u);
   const Json& d1 = devices->items[1];
-  EXPECT_EQ(d1.keys_in_order.size(), 15u);  // device + 14 counters
+  EXPECT_EQ(d1.keys_in_order.size(), 16u);  // device + 15 counters
   EXPECT_EQ(d1.find("device")->as_u64(), 1u);
   EXPECT_EQ(d1.find("live_bytes")->as_u64(), (std::uint64_t{1} << 40) + 1);
   EXPECT_EQ(d1.find("cross_stream_waits")->as_u64(), (std::uint64_t{1} << 40) + 14);
+  EXPECT_EQ(d1.find("chunks_reused")->as_u64(), (std::uint64_t{1} << 40) + 15);
   EXPECT_EQ(devices->items[2].find("device")->text, "-1");
 
   const Json* calls = j.find("driver_calls");

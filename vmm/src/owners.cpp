@@ -123,6 +123,26 @@ MappedChunk::MappedChunk(Driver& driver, int device, DevicePtr addr, std::size_t
   }
 }
 
+MappedChunk::MappedChunk(Driver& driver, DevicePtr addr, PhysicalChunk&& chunk,
+                         const std::vector<AccessDesc>& access)
+    : chunk_(std::move(chunk)), mapping_(driver, addr, chunk_) {
+  // If the constructor of mapping_ throws, chunk_ is destroyed (released).
+  Result r = driver.mem_set_access(addr, chunk_.size(), access.data(), access.size());
+  if (r != Result::success) {
+    const std::size_t size = chunk_.size();
+    const int device = chunk_.device();
+    reset();  // unmap, then release
+    throw DriverError(r, describe("cuMemSetAccess", size, addr, device));
+  }
+}
+
+Result MappedChunk::unmap_keep(PhysicalChunk* out) noexcept {
+  Result r = mapping_.reset();
+  if (r != Result::success) return r;
+  *out = std::move(chunk_);
+  return r;
+}
+
 Result MappedChunk::reset() noexcept {
   // Never release a handle that is still mapped: if the unmap fails, keep both.
   Result r = mapping_.reset();

@@ -22,10 +22,11 @@
   X(uint64_t, allocations, "allocations served")                                            \
   X(uint64_t, frees, "blocks freed")                                                        \
   X(uint64_t, cache_hits, "allocations served without growing")                             \
-  X(uint64_t, chunks_mapped, "physical chunks mapped (cuMemCreate+cuMemMap, or cuMemAlloc)") \
+  X(uint64_t, chunks_mapped, "physical chunks mapped (cuMemMap, or cuMemAlloc)")             \
   X(uint64_t, chunks_unmapped, "physical chunks given back")                                \
   X(uint64_t, oom_retries, "out-of-memory retries (cached memory released, then again)")    \
   X(uint64_t, fences, "fences (host waits) before a release or an access change")           \
-  X(uint64_t, cross_stream_waits, "blocks handed to another stream behind an event")
+  X(uint64_t, cross_stream_waits, "blocks handed to another stream behind an event")        \
+  X(uint64_t, chunks_reused, "chunks mapped with a handle a release before the growth kept")
 
 #endif

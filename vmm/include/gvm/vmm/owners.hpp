@@ -164,6 +164,11 @@ class MappedChunk {
   MappedChunk(Driver& driver, int device, DevicePtr addr, std::size_t size,
               const std::vector<AccessDesc>& access,
               ShareableHandleType exportable = ShareableHandleType::none);
+  // A handle made before (one a release unmapped and kept, unmap_keep):
+  // mapped whole at addr and granted to `access`. On failure the mapping is
+  // undone and the handle released (it was handed over) before the throw.
+  MappedChunk(Driver& driver, DevicePtr addr, PhysicalChunk&& chunk,
+              const std::vector<AccessDesc>& access);
   MappedChunk(MappedChunk&&) noexcept = default;
   MappedChunk& operator=(MappedChunk&& o) noexcept {
     // Unmap before release: the members are destroyed in reverse order.
@@ -181,6 +186,12 @@ class MappedChunk {
   // Unmap then release. If the unmap fails, nothing is released and the
   // failure is returned (the chunk stays owned and mapped).
   Result reset() noexcept;
+  // Unmap only: the physical handle moves to *out (empty before) and this
+  // owner is empty. If the unmap fails, nothing changes and the failure is
+  // returned. A cuMemCreate and a cuMemRelease fewer when the handle is
+  // mapped again elsewhere (a release before a growth hands its chunks to
+  // the growth, docs/design-notes.md).
+  Result unmap_keep(PhysicalChunk* out) noexcept;
 
  private:
   PhysicalChunk chunk_;  // declared first: destroyed after the mapping
