@@ -1011,6 +1011,42 @@ TEST_P(AllocatorSuite, ReserveSlackKeepsReservedNearLive) {
           g);
 }
 
+// A release before a growth hands the handles it unmaps to the growth
+// (allocator/src/handle_stash.hpp): chunks of the growth of a released
+// chunk's size are mapped with that chunk's handle at their new address,
+// granted again, and hold what is written there. With 4 MiB chunks: a 20 MiB
+// hole (five chunks) freed behind a live 4 MiB block, then a 28 MiB request
+// at a new peak - its seven 4 MiB chunks take the five kept handles.
+TEST_P(AllocatorSuite, AGrowthMapsTheHandlesItsReleaseKept) {
+  if (!uses_vmm()) GTEST_SKIP() << "no VMM: segments are not chunks";
+  Config c = target().config;
+  c.max_chunk_bytes = 4 * kMiB;
+  Allocator& a = remake(c);
+  void* hole = a.allocate(20 * kMiB, 0, nullptr);
+  void* keep = a.allocate(4 * kMiB, 0, nullptr);
+  a.deallocate(hole, 20 * kMiB, 0, nullptr);
+  ASSERT_EQ(dstats().reserved_bytes, 24 * kMiB);
+  const DeviceStats before = dstats();
+  void* big = a.allocate(28 * kMiB, 0, nullptr);
+  const DeviceStats after = dstats();
+  EXPECT_EQ(after.chunks_unmapped - before.chunks_unmapped, 5u);
+  EXPECT_EQ(after.chunks_reused - before.chunks_reused, 5u);
+  EXPECT_EQ(after.chunks_mapped - before.chunks_mapped, 7u);
+  EXPECT_EQ(after.reserved_bytes, 32 * kMiB);
+  EXPECT_EQ(after.peak_reserved_bytes, 32 * kMiB);
+  EXPECT_TRUE(invariants());
+  // Every chunk of the block is the owner's to read and write.
+  const auto at = reinterpret_cast<vmm::DevicePtr>(big);
+  std::vector<unsigned char> in(28 * kMiB), out(28 * kMiB, 0);
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<unsigned char>((i >> 12) * 13 + i);
+  ASSERT_EQ(driver().memcpy_htod(0, at, in.data(), in.size()), vmm::Result::success);
+  ASSERT_EQ(driver().memcpy_dtoh(0, out.data(), at, out.size()), vmm::Result::success);
+  EXPECT_TRUE(in == out);
+  a.deallocate(big, 28 * kMiB, 0, nullptr);
+  a.deallocate(keep, 4 * kMiB, 0, nullptr);
+  EXPECT_TRUE(invariants());
+}
+
 // ============================================================== bad input ==
 
 #define GVM_EXPECT_REFUSED(stmt)                                    \
