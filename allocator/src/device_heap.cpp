@@ -155,12 +155,34 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
   // (handle_stash.hpp): charged and in transit until mapped again or
   // released below.
   HandleStash stash;
-  if (plan.release != 0 && !capture) release_for_growth(h, plan, &stash);
+  // Kept handles leave the device's accounts with their cuMemRelease,
+  // whichever way this growth ends: a release that fails part-way (the cap
+  // then fails the allocation with the driver's error) has kept some already.
+  auto drop_kept = [&](std::size_t bytes) {
+    budget_.credit(bytes);
+    transit(-static_cast<std::int64_t>(bytes));
+  };
+  if (plan.release != 0 && !capture) {
+    try {
+      release_for_growth(h, plan, &stash);
+    } catch (...) {
+      drop_kept(stash.release_all());
+      throw;
+    }
+  }
   const std::size_t cap = policy_.cap();
   const std::size_t chunk = std::max(
       h.kind() == Heap::Kind::scratch ? config_.scratch_chunk_bytes : config_.max_chunk_bytes,
       kGranule);
-  std::vector<ChunkPlan> pieces = plan_chunks(runs, chunk, &stash);
+  std::vector<ChunkPlan> pieces;
+  const std::size_t kept = stash.bytes();
+  try {
+    pieces = plan_chunks(runs, chunk, &stash);
+  } catch (...) {  // no memory for the plan: its handles went with it
+    (void)stash.release_all();
+    drop_kept(kept);
+    throw;
+  }
   std::size_t reused = 0, kept_handles = 0;
   for (const ChunkPlan& c : pieces) {
     reused += c.reused.size();
@@ -168,10 +190,7 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
   }
   // What no chunk took goes before any new chunk is made: the device never
   // holds more than the release and the growth leave.
-  if (const std::size_t unused = stash.release_all(); unused != 0) {
-    budget_.credit(unused);
-    transit(-static_cast<std::int64_t>(unused));
-  }
+  drop_kept(stash.release_all());
   // In transit (before the charge: the checker reads the budget, then this)
   // until the heap installs the chunks (Heap::map_under); the kept handles
   // are charged and in transit already.

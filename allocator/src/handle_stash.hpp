@@ -34,9 +34,16 @@ class HandleStash {
   HandleStash& operator=(const HandleStash&) = delete;
   ~HandleStash() { (void)release_all(); }
 
-  void add(vmm::PhysicalChunk&& h) {
-    bytes_ += h.size();
-    handles_.push_back(std::move(h));
+  // Keeps h; false (h left as it was, the caller releases it) when there is
+  // no memory to keep it in.
+  bool add(vmm::PhysicalChunk&& h) noexcept {
+    try {
+      handles_.push_back(std::move(h));  // h moves only once there is room
+    } catch (...) {
+      return false;
+    }
+    bytes_ += handles_.back().size();
+    return true;
   }
   std::size_t bytes() const noexcept { return bytes_; }
   std::size_t count() const noexcept { return handles_.size(); }

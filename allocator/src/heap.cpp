@@ -950,9 +950,10 @@ std::size_t Heap::release_cached(std::size_t want, bool all, HandleStash* keep) 
     }
     if (ok) {
       dropped += size;
-      if (!kept.empty()) {
-        keep->add(std::move(kept));  // charged and in transit until the growth is done
+      if (!kept.empty() && keep->add(std::move(kept))) {
+        // charged and in transit until the growth is done
       } else {
+        (void)kept.reset();  // cuMemRelease (an empty one does nothing)
         device_.credit(size);
         device_.transit(-static_cast<std::int64_t>(size));
       }

@@ -171,5 +171,36 @@ TEST_F(HandleReuse, AFailureWhileMappingKeptHandlesReleasesThemAll) {
   }
 }
 
+// A release the cap asks for fails part-way (the third chunk's cuMemUnmap):
+// the allocation fails with the driver's error, and the handles the release
+// had already unmapped and kept for the growth are released and credited,
+// not lost: the device holds what the allocator reserves, the chunk whose
+// unmap failed stays mapped and counted, and the request works once the
+// driver does.
+TEST_F(HandleReuse, AReleaseThatFailsPartWayReleasesWhatItKept) {
+  Config c;
+  c.max_chunk_bytes = 8 * kMiB;
+  c.max_reserved_bytes = 64 * kMiB;
+  c.reserve_slack = -1;  // only the cap releases: its failure is the allocation's
+  Allocator& a = make(c);
+  void* hole = a.allocate(40 * kMiB, 0, nullptr);
+  void* keep = a.allocate(4 * kMiB, 0, nullptr);
+  a.deallocate(hole, 40 * kMiB, 0, nullptr);
+  sim_->fail_call(Call::mem_unmap, 3, Result::unknown);
+  EXPECT_THROW((void)a.allocate(56 * kMiB, 0, nullptr), vmm::DriverError);
+  sim_->clear_faults();
+  EXPECT_EQ(stats().live_bytes, 4 * kMiB);
+  EXPECT_EQ(stats().reserved_bytes, 12 * kMiB);  // the kept block's chunk and the one not unmapped
+  EXPECT_TRUE(device_holds_reserved());
+  EXPECT_EQ(sim_->live_handles(), 2u);
+  EXPECT_TRUE(invariants());
+  void* big = a.allocate(56 * kMiB, 0, nullptr);
+  EXPECT_EQ(stats().reserved_bytes, 60 * kMiB);
+  EXPECT_TRUE(device_holds_reserved());
+  a.deallocate(big, 56 * kMiB, 0, nullptr);
+  a.deallocate(keep, 4 * kMiB, 0, nullptr);
+  EXPECT_TRUE(invariants());
+}
+
 }  // namespace
 }  // namespace gvm::test
