@@ -8,6 +8,13 @@
 // Tiny config (256 MiB per device, 2 MiB chunks) so that out-of-memory,
 // the OOM retry and release paths run on short inputs.
 //
+// Driver faults: one op makes a call of the allocator's (cuMemCreate,
+// cuMemMap, cuMemUnmap, cuMemRelease, an event's synchronize, ...) fail
+// during the next operation. That operation may fail with the driver's error
+// (or out of memory), but loses nothing: the invariants hold, the device
+// holds exactly what the allocator counts as reserved (checked after every
+// operation), and the blocks live before it can still be used and freed.
+//
 // Built two ways (fuzz/CMakeLists.txt): with clang -fsanitize=fuzzer as
 // gvm-allocator-fuzz, and with GVM_FUZZ_STANDALONE as a plain program that
 // replays files or directories (the committed corpus, as a CTest) without
@@ -27,6 +34,7 @@
 namespace {
 
 using gvm::vmm::AccessKind;
+using gvm::vmm::Call;
 using gvm::vmm::Result;
 using gvm::vmm::SimDriver;
 using gvm::vmm::StreamHandle;
@@ -102,10 +110,26 @@ class Run {
 
   void go() {
     for (int step = 0; !in_.done() && step < 4096; ++step) {
+      if (faulty_) {
+        // The operation a fault was injected for: it may fail with the
+        // driver's error, nothing else, and must lose nothing.
+        try {
+          this->step();
+        } catch (const gvm::vmm::DriverError&) {
+        } catch (const gvm::out_of_memory&) {
+        }
+        sim_->clear_faults();
+        faulty_ = false;
+        check("after an operation with a driver fault");
+        check_accounts("after an operation with a driver fault");
+        continue;
+      }
       this->step();
       check("after an operation");
+      check_accounts("after an operation");
     }
-    // Everything goes back.
+    // Everything goes back (with no fault left waiting for an operation).
+    sim_->clear_faults();
     for (const Block& b : blocks_) alloc_->deallocate(b.ptr, b.bytes, b.device, stream(b));
     blocks_.clear();
     check("after freeing everything");
@@ -123,6 +147,30 @@ class Run {
     return streams_[static_cast<std::size_t>(device * kStreams + i)];
   }
   StreamHandle stream(const Block& b) const { return stream(b.device, b.stream); }
+
+  // What the device holds is what the allocator counts as reserved.
+  void check_accounts(const char* when) {
+    for (int d = 0; d < devices_; ++d) {
+      const std::size_t held = sim_->physical_used(d), reserved = alloc_->device_stats(d).reserved_bytes;
+      if (held != reserved)
+        fail(std::string("device ") + std::to_string(d) + " holds " + std::to_string(held) +
+             " bytes, the allocator reserves " + std::to_string(reserved) + " " + when);
+    }
+  }
+
+  // The next operation meets a failing driver call: one of the calls the
+  // allocator makes and this program does not (its own event and stream
+  // calls must work), the first to fourth of its kind.
+  void inject_fault() {
+    static constexpr Call kCalls[] = {Call::mem_create,   Call::mem_map,           Call::mem_set_access,
+                                      Call::mem_unmap,    Call::mem_release,       Call::address_reserve,
+                                      Call::address_free, Call::mem_alloc,         Call::mem_free,
+                                      Call::event_query,  Call::event_synchronize, Call::enable_peer_access};
+    const Call c = kCalls[in_.byte() % (sizeof kCalls / sizeof kCalls[0])];
+    const int nth = 1 + in_.byte() % 4;
+    sim_->fail_call(c, nth, in_.byte() & 1 ? Result::out_of_memory : Result::unknown);
+    faulty_ = true;
+  }
 
   void check(const char* when) {
     std::string why;
@@ -237,7 +285,7 @@ class Run {
 
   void step() {
     const std::uint8_t op = in_.byte();
-    switch (op % 12) {
+    switch (op % 13) {
       case 0:
       case 1: allocate(false); break;
       case 2: free_block(); break;
@@ -266,6 +314,7 @@ class Run {
       }
       case 9: sim_->complete_all(); break;
       case 10: peer_copy(); break;
+      case 12: inject_fault(); break;  // 12, not 11: the seeds' ops 0-11 keep their meaning
       default: {
         // Bad input that must change nothing.
         int local = 0;
@@ -289,6 +338,7 @@ class Run {
   std::vector<StreamHandle> streams_;
   std::unique_ptr<gvm::Allocator> alloc_;
   std::vector<Block> blocks_;
+  bool faulty_ = false;  // a driver fault waits for the next operation
 };
 
 }  // namespace
@@ -299,8 +349,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     Run run(in);
     run.go();
   } catch (const std::exception& e) {
-    // Driver errors cannot happen (no faults are injected); usage errors
-    // are only expected where the program asks for them.
+    // Driver errors happen only where a fault was injected (Run::go);
+    // usage errors only where the program asks for them.
     fail(std::string("unexpected exception: ") + e.what());
   }
   return 0;
