@@ -171,28 +171,23 @@ std::vector<Operation> operations() {
   // the fence (the freed block was written), and maps the handles it unmapped
   // again where the sizes match (allocator/src/handle_stash.hpp): 20 MiB
   // cached, 4 live, 24 asked under a 32 MiB cap.
+  auto cached_beside_live = [](World& w) {
+    void* p = w.a().allocate(20 * kMiB, 0, w.s(0, 0));
+    w.write(0, 0, p, 20 * kMiB);
+    w.keep(4 * kMiB, 0, 0);
+    w.a().deallocate(p, 20 * kMiB, 0, w.s(0, 0));
+  };
+  auto grow_by_24 = [](World& w) { w.keep(24 * kMiB, 0, 0); };
   ops.push_back({"allocate_release_for_the_cap", vmm::Profile::h200, 2,
                  [](Config& c) {
                    c.reserve_slack = -1;
                    c.max_reserved_bytes = 32 * kMiB;
                  },
-                 [](World& w) {
-                   void* p = w.a().allocate(20 * kMiB, 0, w.s(0, 0));
-                   w.write(0, 0, p, 20 * kMiB);
-                   w.keep(4 * kMiB, 0, 0);
-                   w.a().deallocate(p, 20 * kMiB, 0, w.s(0, 0));
-                 },
-                 [](World& w) { w.keep(24 * kMiB, 0, 0); }});
+                 cached_beside_live, grow_by_24});
   // The same release asked for by the slack bound at a new peak (design-notes,
   // rule 2): its failures leave the growth to go on without it.
   ops.push_back({"allocate_release_before_growth", vmm::Profile::h200, 2, nullptr,
-                 [](World& w) {
-                   void* p = w.a().allocate(20 * kMiB, 0, w.s(0, 0));
-                   w.write(0, 0, p, 20 * kMiB);
-                   w.keep(4 * kMiB, 0, 0);
-                   w.a().deallocate(p, 20 * kMiB, 0, w.s(0, 0));
-                 },
-                 [](World& w) { w.keep(24 * kMiB, 0, 0); }});
+                 cached_beside_live, grow_by_24});
   // Handing a block freed (and written) on one stream to another.
   ops.push_back({"allocate_reuse_across_streams", vmm::Profile::h200, 2, nullptr,
                  [](World& w) {
