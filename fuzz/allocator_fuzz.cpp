@@ -8,9 +8,9 @@
 // Tiny config (256 MiB per device, 2 MiB chunks) so that out-of-memory,
 // the OOM retry and release paths run on short inputs.
 //
-// Driver faults: one op makes a call of the allocator's (cuMemCreate,
-// cuMemMap, cuMemUnmap, cuMemRelease, an event's synchronize, ...) fail
-// during the next operation. That operation may fail with the driver's error
+// Driver faults: one op makes a driver call (cuMemCreate, cuMemMap,
+// cuMemUnmap, cuMemRelease, an event's record or synchronize, a stream
+// wait, ...) fail inside the next operation's call into the allocator. That operation may fail with the driver's error
 // (or out of memory), but loses nothing: the invariants hold, the device
 // holds exactly what the allocator counts as reserved (checked after every
 // operation), and the blocks live before it can still be used and freed.
@@ -158,19 +158,35 @@ class Run {
     }
   }
 
-  // The next operation meets a failing driver call: one of the calls the
-  // allocator makes and this program does not (its own event and stream
-  // calls must work), the first to fourth of its kind.
+  // The next operation's call into the allocator meets a failing driver
+  // call (the first to fourth of its kind). Armed only around that call
+  // (FaultScope): this program's own event and stream calls before and after
+  // it must work.
   void inject_fault() {
-    static constexpr Call kCalls[] = {Call::mem_create,   Call::mem_map,           Call::mem_set_access,
-                                      Call::mem_unmap,    Call::mem_release,       Call::address_reserve,
-                                      Call::address_free, Call::mem_alloc,         Call::mem_free,
-                                      Call::event_query,  Call::event_synchronize, Call::enable_peer_access};
-    const Call c = kCalls[in_.byte() % (sizeof kCalls / sizeof kCalls[0])];
-    const int nth = 1 + in_.byte() % 4;
-    sim_->fail_call(c, nth, in_.byte() & 1 ? Result::out_of_memory : Result::unknown);
+    static constexpr Call kCalls[] = {
+        Call::mem_create,  Call::mem_map,           Call::mem_set_access,     Call::mem_unmap,
+        Call::mem_release, Call::address_reserve,   Call::address_free,       Call::mem_alloc,
+        Call::mem_free,    Call::event_query,       Call::event_synchronize,  Call::enable_peer_access,
+        Call::event_create, Call::event_record,     Call::stream_wait_event,  Call::event_destroy};
+    fault_call_ = kCalls[in_.byte() % (sizeof kCalls / sizeof kCalls[0])];
+    fault_nth_ = 1 + in_.byte() % 4;
+    fault_result_ = in_.byte() & 1 ? Result::out_of_memory : Result::unknown;
     faulty_ = true;
   }
+
+  // Arms the pending fault for the allocator call made in its lifetime.
+  class FaultScope {
+   public:
+    explicit FaultScope(Run& r) : r_(r) {
+      if (r_.faulty_) r_.sim_->fail_call(r_.fault_call_, r_.fault_nth_, r_.fault_result_);
+    }
+    ~FaultScope() { r_.sim_->clear_faults(); }
+    FaultScope(const FaultScope&) = delete;
+    FaultScope& operator=(const FaultScope&) = delete;
+
+   private:
+    Run& r_;
+  };
 
   void check(const char* when) {
     std::string why;
@@ -228,8 +244,11 @@ class Run {
     const int d = in_.byte() % devices_;
     const int s = in_.byte() % kStreams;
     try {
-      void* p = scratch ? alloc_->scratch_allocate(n, d, stream(d, s))
-                        : alloc_->allocate(n, d, stream(d, s));
+      void* p = nullptr;
+      {
+        FaultScope armed(*this);
+        p = scratch ? alloc_->scratch_allocate(n, d, stream(d, s)) : alloc_->allocate(n, d, stream(d, s));
+      }
       blocks_.push_back({p, n, d, s, scratch});
       if (in_.byte() & 1) access(blocks_.back(), AccessKind::write);
     } catch (const gvm::out_of_memory& e) {
@@ -249,7 +268,10 @@ class Run {
       });
       check("after a refused free");
     }
-    alloc_->deallocate(b.ptr, how % 8 == 1 ? gvm::kUnknownSize : b.bytes, b.device, stream(b));
+    {
+      FaultScope armed(*this);
+      alloc_->deallocate(b.ptr, how % 8 == 1 ? gvm::kUnknownSize : b.bytes, b.device, stream(b));
+    }
     blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(i));
     if (how % 4 == 2)
       expect_usage_error("a double free",
@@ -262,7 +284,10 @@ class Run {
     const int to = in_.byte() % kStreams;
     if (to == b->stream) return;
     order(b->device, stream(*b), stream(b->device, to));
-    alloc_->record_stream(b->ptr, stream(b->device, to));
+    {
+      FaultScope armed(*this);
+      alloc_->record_stream(b->ptr, stream(b->device, to));
+    }
     b->stream = to;  // its work now goes on `to`, ordered after the old stream
     access(*b, AccessKind::write);
   }
@@ -277,8 +302,11 @@ class Run {
     const std::size_t n = std::min(src->bytes, dst->bytes);
     if (sim_->stream_synchronize(src->device, stream(*src)) != Result::success)
       fail("stream_synchronize");
-    alloc_->record_stream(src->ptr, stream(*dst), dst->device);
-    alloc_->peer_copy(dst->ptr, dst->device, src->ptr, src->device, n, stream(*dst));
+    {
+      FaultScope armed(*this);
+      alloc_->record_stream(src->ptr, stream(*dst), dst->device);
+      alloc_->peer_copy(dst->ptr, dst->device, src->ptr, src->device, n, stream(*dst));
+    }
     if (sim_->stream_synchronize(dst->device, stream(*dst)) != Result::success)
       fail("stream_synchronize");
   }
@@ -292,6 +320,7 @@ class Run {
       case 3: record_stream(); break;
       case 4: {
         const int d = static_cast<int>(in_.byte() % (devices_ + 1)) - 1;
+        FaultScope armed(*this);
         alloc_->trim(d);
         break;
       }
@@ -300,7 +329,9 @@ class Run {
         static constexpr gvm::PeerPolicy kPolicies[] = {
             gvm::PeerPolicy::automatic, gvm::PeerPolicy::per_allocation, gvm::PeerPolicy::global,
             gvm::PeerPolicy::none};
-        alloc_->set_peer_policy(kPolicies[in_.byte() % 4]);
+        const gvm::PeerPolicy policy = kPolicies[in_.byte() % 4];
+        FaultScope armed(*this);
+        alloc_->set_peer_policy(policy);
         break;
       }
       case 7:
@@ -338,7 +369,11 @@ class Run {
   std::vector<StreamHandle> streams_;
   std::unique_ptr<gvm::Allocator> alloc_;
   std::vector<Block> blocks_;
-  bool faulty_ = false;  // a driver fault waits for the next operation
+  // A driver fault waiting for the next operation's call into the allocator.
+  bool faulty_ = false;
+  Call fault_call_ = Call::mem_create;
+  int fault_nth_ = 1;
+  Result fault_result_ = Result::unknown;
 };
 
 }  // namespace
