@@ -950,9 +950,11 @@ std::size_t Heap::release_cached(std::size_t want, bool all, HandleStash* keep) 
     }
     if (ok) {
       dropped += size;
-      if (!kept.empty() && keep->add(std::move(kept))) {
-        // charged and in transit until the growth is done
-      } else {
+      // A handle kept for the growth stays charged and in transit until the
+      // growth maps or releases it (DeviceHeap::map_for); any other is
+      // released now (drop did, or here when it could not be kept).
+      const bool for_growth = !kept.empty() && keep->add(std::move(kept));
+      if (!for_growth) {
         (void)kept.reset();  // cuMemRelease (an empty one does nothing)
         device_.credit(size);
         device_.transit(-static_cast<std::int64_t>(size));
