@@ -10,10 +10,10 @@
 //
 // Driver faults: one op makes a driver call (cuMemCreate, cuMemMap,
 // cuMemUnmap, cuMemRelease, an event's record or synchronize, a stream
-// wait, ...) fail inside the next operation's call into the allocator. That operation may fail with the driver's error
-// (or out of memory), but loses nothing: the invariants hold, the device
-// holds exactly what the allocator counts as reserved (checked after every
-// operation), and the blocks live before it can still be used and freed.
+// wait, ...) fail inside the next operation's call into the allocator. That operation may fail with
+// the driver's error (or out of memory), but loses nothing: the invariants hold, the device holds
+// exactly what the allocator counts as reserved (checked after every operation), and the blocks
+// live before it can still be used and freed.
 //
 // Built two ways (fuzz/CMakeLists.txt): with clang -fsanitize=fuzzer as
 // gvm-allocator-fuzz, and with GVM_FUZZ_STANDALONE as a plain program that
@@ -151,7 +151,8 @@ class Run {
   // What the device holds is what the allocator counts as reserved.
   void check_accounts(const char* when) {
     for (int d = 0; d < devices_; ++d) {
-      const std::size_t held = sim_->physical_used(d), reserved = alloc_->device_stats(d).reserved_bytes;
+      const std::size_t held = sim_->physical_used(d),
+                        reserved = alloc_->device_stats(d).reserved_bytes;
       if (held != reserved)
         fail(std::string("device ") + std::to_string(d) + " holds " + std::to_string(held) +
              " bytes, the allocator reserves " + std::to_string(reserved) + " " + when);
@@ -164,10 +165,12 @@ class Run {
   // it must work.
   void inject_fault() {
     static constexpr Call kCalls[] = {
-        Call::mem_create,  Call::mem_map,           Call::mem_set_access,     Call::mem_unmap,
-        Call::mem_release, Call::address_reserve,   Call::address_free,       Call::mem_alloc,
-        Call::mem_free,    Call::event_query,       Call::event_synchronize,  Call::enable_peer_access,
-        Call::event_create, Call::event_record,     Call::stream_wait_event,  Call::event_destroy};
+        Call::mem_create,   Call::mem_map,           Call::mem_set_access,
+        Call::mem_unmap,    Call::mem_release,       Call::address_reserve,
+        Call::address_free, Call::mem_alloc,         Call::mem_free,
+        Call::event_query,  Call::event_synchronize, Call::enable_peer_access,
+        Call::event_create, Call::event_record,      Call::stream_wait_event,
+        Call::event_destroy};
     fault_call_ = kCalls[in_.byte() % (sizeof kCalls / sizeof kCalls[0])];
     fault_nth_ = 1 + in_.byte() % 4;
     fault_result_ = in_.byte() & 1 ? Result::out_of_memory : Result::unknown;
@@ -247,7 +250,8 @@ class Run {
       void* p = nullptr;
       {
         FaultScope armed(*this);
-        p = scratch ? alloc_->scratch_allocate(n, d, stream(d, s)) : alloc_->allocate(n, d, stream(d, s));
+        p = scratch ? alloc_->scratch_allocate(n, d, stream(d, s))
+                    : alloc_->allocate(n, d, stream(d, s));
       }
       blocks_.push_back({p, n, d, s, scratch});
       if (in_.byte() & 1) access(blocks_.back(), AccessKind::write);
