@@ -202,5 +202,24 @@ TEST_F(HandleReuse, AReleaseThatFailsPartWayReleasesWhatItKept) {
   EXPECT_TRUE(invariants());
 }
 
+// The cap refuses the growth after its release kept handles for it, and the
+// cuMemRelease of one of them fails once: it is tried again, so the device
+// holds what the allocator counts (found by the fuzzer's driver faults: the
+// handle was released once, in its owner's destructor, and lost).
+TEST_F(HandleReuse, AKeptHandleWhoseReleaseFailsOnceIsReleasedAllTheSame) {
+  Allocator& a = make_small_chunks(/*cap=*/64 * kMiB);
+  void* hole = a.allocate(40 * kMiB, 0, nullptr);
+  void* keep = a.allocate(4 * kMiB, 0, nullptr);
+  a.deallocate(hole, 40 * kMiB, 0, nullptr);
+  sim_->fail_call(Call::mem_release, 2, Result::unknown);
+  EXPECT_THROW((void)a.allocate(72 * kMiB, 0, nullptr), out_of_memory);
+  sim_->clear_faults();
+  EXPECT_EQ(stats().reserved_bytes, 4 * kMiB);
+  EXPECT_TRUE(device_holds_reserved());
+  EXPECT_EQ(sim_->live_handles(), 1u);
+  EXPECT_TRUE(invariants());
+  a.deallocate(keep, 4 * kMiB, 0, nullptr);
+}
+
 }  // namespace
 }  // namespace gvm::test

@@ -62,7 +62,13 @@ class PhysicalChunk {
     PhysicalChunk(std::move(o)).swap(*this);
     return *this;
   }
-  ~PhysicalChunk() { reset(); }
+  // A cuMemRelease the driver refuses is tried once more before the handle
+  // is given up: a handle dropped with its plan, after a growth failed, has
+  // no other owner to try again (found by the fuzzer's driver faults; a dead
+  // context refuses both, docs/reliability.md).
+  ~PhysicalChunk() {
+    if (reset() != Result::success) (void)reset();
+  }
 
   PhysHandle get() const noexcept { return handle_; }
   int device() const noexcept { return device_; }
