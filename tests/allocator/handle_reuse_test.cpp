@@ -39,19 +39,24 @@ class HandleReuse : public SimAllocatorFixture {
   ::testing::AssertionResult device_holds_reserved() const {
     const std::size_t held = sim_->physical_used(0), reserved = stats().reserved_bytes;
     if (held == reserved) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure() << "the device holds " << held << " bytes, the allocator reserves "
-                                         << reserved;
+    return ::testing::AssertionFailure()
+           << "the device holds " << held << " bytes, the allocator reserves " << reserved;
+  }
+  // The setting of every case: 4 MiB kept live behind a freed 40 MiB hole
+  // (five wholly free 8 MiB chunks); returns the 4 MiB block.
+  static void* keep_behind_a_hole(Allocator& a) {
+    void* hole = a.allocate(40 * kMiB, 0, nullptr);
+    void* keep = a.allocate(4 * kMiB, 0, nullptr);
+    a.deallocate(hole, 40 * kMiB, 0, nullptr);
+    return keep;
   }
 };
 
-// The setting of every case: 4 MiB kept live behind a freed 40 MiB hole (five
-// wholly free 8 MiB chunks), then a 60 MiB request: it sets a new peak of
-// reserved bytes, so the free chunks go first (design-notes, rule 2).
+// A 60 MiB request behind the hole sets a new peak of reserved bytes, so the
+// free chunks go first (design-notes, rule 2).
 TEST_F(HandleReuse, AGrowthMapsTheHandlesItsReleaseUnmappedWhereTheSizesMatch) {
   Allocator& a = make_small_chunks();
-  void* hole = a.allocate(40 * kMiB, 0, nullptr);
-  void* keep = a.allocate(4 * kMiB, 0, nullptr);
-  a.deallocate(hole, 40 * kMiB, 0, nullptr);
+  void* keep = keep_behind_a_hole(a);
   ASSERT_EQ(stats().reserved_bytes, 44 * kMiB);
   const std::uint64_t creates = calls(Call::mem_create), releases = calls(Call::mem_release);
   const std::uint64_t maps = calls(Call::mem_map), grants = calls(Call::mem_set_access);
@@ -82,9 +87,7 @@ TEST_F(HandleReuse, AGrowthMapsTheHandlesItsReleaseUnmappedWhereTheSizesMatch) {
 TEST_F(HandleReuse, AReusedHandleIsGrantedAtItsNewAddressAndHoldsWhatIsWrittenThere) {
   sim_->enable_backing(true);
   Allocator& a = make_small_chunks();
-  void* hole = a.allocate(40 * kMiB, 0, nullptr);
-  void* keep = a.allocate(4 * kMiB, 0, nullptr);
-  a.deallocate(hole, 40 * kMiB, 0, nullptr);
+  void* keep = keep_behind_a_hole(a);
   auto* big = static_cast<unsigned char*>(a.allocate(60 * kMiB, 0, nullptr));
   ASSERT_EQ(stats().chunks_reused, 5u);
   const auto addr = reinterpret_cast<vmm::DevicePtr>(big);
@@ -92,7 +95,8 @@ TEST_F(HandleReuse, AReusedHandleIsGrantedAtItsNewAddressAndHoldsWhatIsWrittenTh
   sim_->complete_all();
   EXPECT_EQ(sim_->sticky_error(), Result::success);
   std::vector<unsigned char> in(60 * kMiB), out(60 * kMiB);
-  for (std::size_t i = 0; i < in.size(); i += 4096) in[i] = static_cast<unsigned char>(i / 4096 * 7 + 1);
+  for (std::size_t i = 0; i < in.size(); i += 4096)
+    in[i] = static_cast<unsigned char>(i / 4096 * 7 + 1);
   ASSERT_EQ(sim_->memcpy_htod(0, addr, in.data(), in.size()), Result::success);
   ASSERT_EQ(sim_->memcpy_dtoh(0, out.data(), addr, out.size()), Result::success);
   EXPECT_EQ(in, out);
@@ -106,9 +110,7 @@ TEST_F(HandleReuse, AReusedHandleIsGrantedAtItsNewAddressAndHoldsWhatIsWrittenTh
 // release, creating first would run out of memory and retry.
 TEST_F(HandleReuse, HandlesNoChunkTakesAreReleasedBeforeANewChunkIsMade) {
   Allocator& a = make();  // 128 MiB chunks: the 40 MiB chunk fits no piece of 60 MiB
-  void* hole = a.allocate(40 * kMiB, 0, nullptr);
-  void* keep = a.allocate(4 * kMiB, 0, nullptr);
-  a.deallocate(hole, 40 * kMiB, 0, nullptr);
+  void* keep = keep_behind_a_hole(a);
   sim_->set_physical_budget(0, 64 * kMiB);
   const std::uint64_t releases = calls(Call::mem_release);
   void* big = a.allocate(60 * kMiB, 0, nullptr);
@@ -127,9 +129,7 @@ TEST_F(HandleReuse, HandlesNoChunkTakesAreReleasedBeforeANewChunkIsMade) {
 // and the next allocation that fits works.
 TEST_F(HandleReuse, KeptHandlesAreReleasedWhenTheCapRefusesTheGrowth) {
   Allocator& a = make_small_chunks(/*cap=*/64 * kMiB);
-  void* hole = a.allocate(40 * kMiB, 0, nullptr);
-  void* keep = a.allocate(4 * kMiB, 0, nullptr);
-  a.deallocate(hole, 40 * kMiB, 0, nullptr);
+  void* keep = keep_behind_a_hole(a);
   EXPECT_THROW((void)a.allocate(72 * kMiB, 0, nullptr), out_of_memory);
   EXPECT_EQ(stats().reserved_bytes, 4 * kMiB);
   EXPECT_EQ(stats().chunks_reused, 0u);
@@ -151,9 +151,7 @@ TEST_F(HandleReuse, AFailureWhileMappingKeptHandlesReleasesThemAll) {
   for (const Call failing : {Call::mem_map, Call::mem_set_access}) {
     SCOPED_TRACE(failing == Call::mem_map ? "cuMemMap" : "cuMemSetAccess");
     Allocator& a = make_small_chunks();
-    void* hole = a.allocate(40 * kMiB, 0, nullptr);
-    void* keep = a.allocate(4 * kMiB, 0, nullptr);
-    a.deallocate(hole, 40 * kMiB, 0, nullptr);
+    void* keep = keep_behind_a_hole(a);
     sim_->fail_call(failing, failing == Call::mem_map ? 2 : 3, Result::unknown);
     EXPECT_THROW((void)a.allocate(60 * kMiB, 0, nullptr), vmm::DriverError);
     sim_->clear_faults();
@@ -183,9 +181,7 @@ TEST_F(HandleReuse, AReleaseThatFailsPartWayReleasesWhatItKept) {
   c.max_reserved_bytes = 64 * kMiB;
   c.reserve_slack = -1;  // only the cap releases: its failure is the allocation's
   Allocator& a = make(c);
-  void* hole = a.allocate(40 * kMiB, 0, nullptr);
-  void* keep = a.allocate(4 * kMiB, 0, nullptr);
-  a.deallocate(hole, 40 * kMiB, 0, nullptr);
+  void* keep = keep_behind_a_hole(a);
   sim_->fail_call(Call::mem_unmap, 3, Result::unknown);
   EXPECT_THROW((void)a.allocate(56 * kMiB, 0, nullptr), vmm::DriverError);
   sim_->clear_faults();
@@ -208,9 +204,7 @@ TEST_F(HandleReuse, AReleaseThatFailsPartWayReleasesWhatItKept) {
 // handle was released once, in its owner's destructor, and lost).
 TEST_F(HandleReuse, AKeptHandleWhoseReleaseFailsOnceIsReleasedAllTheSame) {
   Allocator& a = make_small_chunks(/*cap=*/64 * kMiB);
-  void* hole = a.allocate(40 * kMiB, 0, nullptr);
-  void* keep = a.allocate(4 * kMiB, 0, nullptr);
-  a.deallocate(hole, 40 * kMiB, 0, nullptr);
+  void* keep = keep_behind_a_hole(a);
   sim_->fail_call(Call::mem_release, 2, Result::unknown);
   EXPECT_THROW((void)a.allocate(72 * kMiB, 0, nullptr), out_of_memory);
   sim_->clear_faults();
