@@ -43,7 +43,8 @@ class HandleReuse : public SimAllocatorFixture {
            << "the device holds " << held << " bytes, the allocator reserves " << reserved;
   }
   // The setting of every case: 4 MiB kept live behind a freed 40 MiB hole
-  // (five wholly free 8 MiB chunks); returns the 4 MiB block.
+  // (with make_small_chunks, five wholly free 8 MiB chunks); returns the
+  // 4 MiB block.
   static void* keep_behind_a_hole(Allocator& a) {
     void* hole = a.allocate(40 * kMiB, 0, nullptr);
     void* keep = a.allocate(4 * kMiB, 0, nullptr);
