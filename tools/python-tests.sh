@@ -38,7 +38,13 @@ export GVMALLOC_LIBRARY="$LIB"
 # gvmalloc's PyTorch backend, built beside the library when cmake found torch;
 # without it gvmalloc.torch.enable() says how to build it, and the semantics
 # tests skip.
-[ -f "$BUILD/allocator/libgvmalloc_torch.so" ] && export GVMALLOC_TORCH_LIBRARY="$BUILD/allocator/libgvmalloc_torch.so"
+# The version it must carry is that of the torch this Python imports (cmake asked
+# the same one), as CTest gives it from cmake's answer: the CPU tests check the mark.
+if [ -f "$BUILD/allocator/libgvmalloc_torch.so" ]; then
+  export GVMALLOC_TORCH_LIBRARY="$BUILD/allocator/libgvmalloc_torch.so"
+  GVM_TORCH_BUILT_FOR=$("$PYTHON" -c "import torch; print(torch.__version__)" 2>/dev/null) &&
+    export GVM_TORCH_BUILT_FOR
+fi
 export PYTHONPATH="$ROOT/integrations/python${PYTHONPATH:+:$PYTHONPATH}"
 export NCCL_NVLS_ENABLE=0
 export CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8}

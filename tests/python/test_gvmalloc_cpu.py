@@ -104,6 +104,9 @@ class LibrarySearch(unittest.TestCase):
 # The backend built by this build tree (CTest sets both when cmake built it).
 TORCH_BACKEND = os.environ.get("GVMALLOC_TORCH_LIBRARY")
 TORCH_BACKEND_VERSION = os.environ.get("GVM_TORCH_BUILT_FOR")
+# Run by pytest outside CTest (tools/python-tests.sh) neither is set, built or not.
+NO_BACKEND = ("no built backend named: CTest sets GVMALLOC_TORCH_LIBRARY and "
+              "GVM_TORCH_BUILT_FOR where cmake built one")
 
 
 def fake_backend(directory, version):
@@ -179,8 +182,7 @@ class TorchBackendLoading(unittest.TestCase):
         self.assertIn("runs torch 2.12.0+cu130", m)
         self.assertIn('backend="pluggable"', m)
 
-    @unittest.skipUnless(TORCH_BACKEND and TORCH_BACKEND_VERSION,
-                         "the PyTorch backend is not built here (cmake found no torch)")
+    @unittest.skipUnless(TORCH_BACKEND and TORCH_BACKEND_VERSION, NO_BACKEND)
     def test_the_built_backend_carries_its_torch_version_and_refuses_another(self):
         self.assertEqual(_torch_backend.built_for(TORCH_BACKEND), TORCH_BACKEND_VERSION)
         # Loaded without torch's Python package (libc10 comes by rpath): the
@@ -290,8 +292,7 @@ class EnableLogic(unittest.TestCase):
         self.assertIn("RE gvmalloc.torch.enable(backend='native'): already enabled with backend "
                       "'pluggable'", out)
 
-    @unittest.skipUnless(TORCH_BACKEND and TORCH_BACKEND_VERSION,
-                         "the PyTorch backend is not built here (cmake found no torch)")
+    @unittest.skipUnless(TORCH_BACKEND and TORCH_BACKEND_VERSION, NO_BACKEND)
     def test_native_installs_the_built_backend_and_reports_it(self):
         out = self.run_case(
             "print('RET', gt.enable())\n"
@@ -303,8 +304,7 @@ class EnableLogic(unittest.TestCase):
         self.assertIn("INFO True %s native" % TORCH_BACKEND_VERSION, out)
         self.assertIn("KEYS ['built_for', 'installed', 'library']", out)
 
-    @unittest.skipUnless(TORCH_BACKEND and TORCH_BACKEND_VERSION,
-                         "the PyTorch backend is not built here (cmake found no torch)")
+    @unittest.skipUnless(TORCH_BACKEND and TORCH_BACKEND_VERSION, NO_BACKEND)
     def test_native_refuses_a_backend_built_for_another_torch(self):
         out = self.run_case(
             "try:\n    gt.enable()\n"
