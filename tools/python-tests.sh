@@ -38,8 +38,9 @@ export GVMALLOC_LIBRARY="$LIB"
 # gvmalloc's PyTorch backend, built beside the library when cmake found torch;
 # without it gvmalloc.torch.enable() says how to build it, and the semantics
 # tests skip.
-# The version it must carry is that of the torch this Python imports (cmake asked
-# the same one), as CTest gives it from cmake's answer: the CPU tests check the mark.
+# The version it must carry is that of the torch this Python imports (cmake asks
+# python3 too, unless GVM_TORCH_ROOT named another torch): CTest gives cmake's answer,
+# and the CPU tests check the library's mark against it.
 if [ -f "$BUILD/allocator/libgvmalloc_torch.so" ]; then
   export GVMALLOC_TORCH_LIBRARY="$BUILD/allocator/libgvmalloc_torch.so"
   GVM_TORCH_BUILT_FOR=$("$PYTHON" -c "import torch; print(torch.__version__)" 2>/dev/null) &&
