@@ -2,6 +2,7 @@
 chosen before CUDA starts, so each run is a fresh interpreter.
 
     python _workloads.py train native|gvm
+    python _workloads.py resnet native|gvm
     python _workloads.py infer native|gvm
     python _workloads.py mempool
     python _workloads.py scratch_peer
@@ -88,6 +89,50 @@ def train(allocator, steps=32):
     peak = peak_reserved(torch, allocator)
     med = statistics.median(times[1:])
     print("%s: peak reserved %.1f MiB, median step %.2f ms" % (allocator, peak / MiB, med * 1e3))
+    result(allocator=allocator, losses=[x.hex() for x in losses], peak_reserved=peak,
+           median_step_s=med)
+
+
+def resnet_train(allocator, benchmark_limit=1, steps=12):
+    """ResNet-50 training as vision scripts run it - cudnn.benchmark on,
+    channels_last, bf16 autocast, SGD - made repeatable: deterministic
+    algorithms, and cuDNN's benchmark limited to the first candidate its
+    heuristics rank (torch.backends.cudnn.benchmark_limit = 1), so that which
+    algorithm a convolution gets no longer depends on a timing race. The
+    benchmark still runs through the allocator (its workspaces, cacheInfo)."""
+    torch = setup_torch(allocator)
+    import torchvision
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark_limit = int(benchmark_limit)
+    torch.backends.cudnn.deterministic = True
+    model = torchvision.models.resnet50(weights=None).cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    gen = torch.Generator().manual_seed(5)
+    batch = 32
+    data = [(torch.randn(batch, 3, 224, 224, generator=gen),
+             torch.randint(0, 1000, (batch,), generator=gen)) for _ in range(3)]
+    data = [(x.cuda().to(memory_format=torch.channels_last), y.cuda()) for x, y in data]
+    loss_fn = torch.nn.CrossEntropyLoss()
+    losses, times = [], []
+    for step in range(steps):
+        x, y = data[step % len(data)]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+        print("%s resnet step %2d loss %.6f (%s)" % (allocator, step, losses[-1], losses[-1].hex()),
+              flush=True)
+    # torch.cuda's own figure, whichever allocator answers it.
+    peak = torch.cuda.max_memory_reserved(0)
+    med = statistics.median(times[2:])
+    print("%s: torch.cuda.max_memory_reserved %.1f MiB, median step %.2f ms"
+          % (allocator, peak / MiB, med * 1e3))
     result(allocator=allocator, losses=[x.hex() for x in losses], peak_reserved=peak,
            median_step_s=med)
 
@@ -542,7 +587,7 @@ def record_trace_run(allocator):
 
 if __name__ == "__main__":
     mode, rest = sys.argv[1], sys.argv[2:]
-    {"train": lambda: train(*rest), "infer": lambda: infer(*rest), "mempool": mempool,
+    {"train": lambda: train(*rest), "resnet": lambda: resnet_train(*rest), "infer": lambda: infer(*rest), "mempool": mempool,
      "scratch_peer": scratch_peer, "dist": dist_run, "ddp": lambda: ddp_run(*rest), "cupy": cupy_run,
      "cupy_dead_stream": cupy_dead_stream, "numba": numba_run,
      "record_trace": lambda: record_trace_run(*rest)}[mode]()
