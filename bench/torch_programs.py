@@ -16,6 +16,7 @@ expandable segments, and gvmalloc's native backend, side by side in one run
 Programs (random initialisation, configurations only: nothing is downloaded):
   resnet50  torchvision ResNet-50 training, torch.backends.cudnn.benchmark=True,
             bf16 autocast, channels_last, SGD; one fixed batch shape
+            (GVM_TORCH_CUDNN_BENCHMARK_LIMIT=N sets cudnn.benchmark_limit)
   gpt2      transformers GPT-2 small training, AdamW, bf16 autocast, batch and
             sequence length varying from step to step (the same schedule for all)
   llama     a Llama-style decoder (transformers LlamaConfig, 16 layers) in bf16,
@@ -290,6 +291,13 @@ def build_resnet50(allocator, steps):
     torch = setup(allocator)
     import torchvision
     torch.backends.cudnn.benchmark = True
+    # GVM_TORCH_CUDNN_BENCHMARK_LIMIT=N: cuDNN's benchmark times only the first N
+    # candidates its heuristics rank (PyTorch's default is 10). With 1 every
+    # process gets the same algorithms, so the timing race of the benchmark no
+    # longer differs between the allocators' processes.
+    limit = os.environ.get("GVM_TORCH_CUDNN_BENCHMARK_LIMIT")
+    if limit:
+        torch.backends.cudnn.benchmark_limit = int(limit)
     model = torchvision.models.resnet50(weights=None).cuda().to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     g = torch.Generator(device="cuda").manual_seed(1)
