@@ -141,7 +141,8 @@ void DeviceHeap::release_for_growth(Heap& h, const GrowthPlan& plan, HandleStash
 }
 
 std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run>& runs,
-                                                  std::size_t need, std::size_t requested) {
+                                                  std::size_t need, std::size_t requested,
+                                                  std::uintptr_t block_end) {
   const bool arena = h.kind() != Heap::Kind::scratch;
   const bool capture = capturing();
   const auto live_after =
@@ -177,7 +178,7 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
   std::vector<ChunkPlan> pieces;
   const std::size_t kept = stash.bytes();
   try {
-    pieces = plan_chunks(runs, chunk, &stash);
+    pieces = plan_chunks(runs, chunk, &stash, block_end);
   } catch (...) {  // no memory for the plan: its handles went with it
     (void)stash.release_all();
     drop_kept(kept);
@@ -225,7 +226,7 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
     throw_oom(requested, "the reserved-bytes cap");
   }
   try {
-    std::vector<ChunkPlan> fresh_pieces = plan_chunks(runs, chunk, nullptr);
+    std::vector<ChunkPlan> fresh_pieces = plan_chunks(runs, chunk, nullptr, block_end);
     return backing_->map(fresh_pieces, h.access());
   } catch (const vmm::DriverError& e) {
     budget_.credit(need);

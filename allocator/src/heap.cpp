@@ -158,7 +158,7 @@ void Heap::map_under(Block* b, std::vector<std::uint32_t>& counted, std::size_t 
     }
     device_.tracker().fence(w);
   }
-  std::vector<vmm::MappedChunk> made = device_.map_for(*this, runs, need, requested);
+  std::vector<vmm::MappedChunk> made = device_.map_for(*this, runs, need, requested, b->end());
   {
     std::lock_guard<SpinLock> guard(lock_);
     for (auto& m : made) counted.push_back(arena_.install_chunk(std::move(m), 1));  // counts b

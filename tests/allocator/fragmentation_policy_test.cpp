@@ -343,6 +343,32 @@ TEST_F(FragmentationPolicy, AGrowthAtAnUnmappedHeadSlidesOntoALiveChunksFreeGran
   EXPECT_TRUE(invariants());
 }
 
+// A block whose growth is cut into several chunks and that ends inside its
+// last granule maps that granule as a chunk of its own: the next block placed
+// after it shares the granule, and once the first block is freed only that
+// granule stays mapped for the neighbour, not the run's whole last chunk. A
+// growth of one chunk is left whole.
+TEST_F(FragmentationPolicy, ABlockOfSeveralChunksEndingInsideAGranuleMapsItAlone) {
+  Config c;
+  c.max_chunk_bytes = 8 * kMiB;
+  Allocator& a = make(c);
+  void* p = a.allocate(19 * kMiB, 0, nullptr);  // 10 granules: 8 + 8 + 2, and the last
+  EXPECT_EQ(stats().chunks_mapped, 4u);
+  EXPECT_EQ(stats().reserved_bytes, 20 * kMiB);
+  void* q = a.allocate(2 * kMiB, 0, nullptr);  // the rest of p's last granule, and one more
+  ASSERT_EQ(static_cast<char*>(q), static_cast<char*>(p) + 19 * kMiB);
+  EXPECT_EQ(stats().chunks_mapped, 5u) << "q's growth is one chunk, left whole";
+  EXPECT_EQ(stats().reserved_bytes, 22 * kMiB);
+  a.deallocate(p, 19 * kMiB, 0, nullptr);
+  a.trim(0);
+  // p's first 18 MiB go; the granule q shares stays (without the granule of
+  // its own, p's last chunk of 4 MiB would have stayed).
+  EXPECT_EQ(stats().reserved_bytes, 4 * kMiB);
+  EXPECT_TRUE(invariants());
+  a.deallocate(q, 2 * kMiB, 0, nullptr);
+  EXPECT_TRUE(invariants());
+}
+
 // An idle pool for rule 5 on a stream (in a pool if not 0): 24 pieces of 4
 // MiB between live walls of 2 MiB; freed (free_pieces), they are wholly free
 // chunks too small for a growth of 6 MiB to steal, and 16 times that growth.
