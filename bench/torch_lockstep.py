@@ -43,7 +43,11 @@ paired steps were taken.
 
 Per program: each allocator's median step, min, quartiles and max; each
 allocator's per-step ratio to native and to expandable (median, quartiles, the
-95% interval of the median, the steps at or below the reference); peak
+95% interval of the median, the steps at or below the reference) - where an
+allocator runs in several processes (gvm#2), to every other process, and a
+table across processes: for each pair of allocators the lowest and highest of
+those medians over their processes' pairs with the pairs' verdicts, an
+allocator against itself being the method's own spread; peak
 reserved; whether every step's loss (or tokens) equals native's bit for bit;
 for gvmalloc its driver calls over the paired steps; and where a step goes - after the
 paired steps each worker in turn runs a few steps under torch.profiler (the GPU's busy
@@ -521,12 +525,29 @@ def run_program(program, allocators, steps, log_dir, share_end=None, hard_end=No
             w.close()
     res["wall_s"] = round(clock() - t0, 2)
     summarize(res)
+    res["across"] = across_processes(res)
     return res
+
+
+def base_name(allocator):
+    """The allocator a process runs: gvm#2 runs gvm."""
+    return allocator.split("#", 1)[0]
+
+
+def references(allocators):
+    """What each process's steps are paired with: native and expandable; and,
+    where an allocator runs in several processes (gvm#2), every other process,
+    so that two processes of one allocator show the method's own spread beside
+    what the allocators differ by."""
+    if len({base_name(a) for a in allocators}) < len(allocators):
+        return list(allocators)
+    return list(REFERENCES)
 
 
 def summarize(res):
     """Per allocator the step times' spread, equality with native and the
-    paired ratios to native and to expandable (over the paired steps)."""
+    paired ratios to native and to expandable, or to every other process where
+    an allocator runs in several (over the paired steps)."""
     runs = res["runs"]
     native = runs.get("native")
     if native is not None and "native" in res["failed"]:
@@ -537,13 +558,45 @@ def summarize(res):
             r.update(median_s=med, min_s=min(r["times_s"]), q1_s=q1, q3_s=q3, max_s=max(r["times_s"]))
         r["equal_to_native"] = compare(r, native) if a not in res["failed"] else None
         r["vs"] = {}
-        for ref in REFERENCES:
+        for ref in references(res["allocators"]):
             if ref == a or ref not in runs:
                 continue
             r["vs"][ref] = ratio_stats(r["times_s"], runs[ref]["times_s"])
 
 
 # ---- the tables ------------------------------------------------------------------------------
+
+def across_processes(p):
+    """Where an allocator runs in several processes: for each pair of
+    allocators (an allocator with itself included) the paired ratios' medians
+    over every pair of their processes, lowest and highest, and how many
+    pairs' verdicts were at or below, above, undecided. A pair of one
+    allocator's processes is counted once (a ÷ a#2, not also a#2 ÷ a)."""
+    order = []
+    for a in p["allocators"]:
+        if base_name(a) not in order:
+            order.append(base_name(a))
+    if len(order) == len(p["allocators"]):
+        return []
+    good = [a for a in p["allocators"] if a not in p["failed"] and p["runs"][a].get("times_s")]
+    out = []
+    for x in order:
+        for y in order:
+            medians, verdicts = [], []
+            for i, a in enumerate(good):
+                for j, b in enumerate(good):
+                    if base_name(a) != x or base_name(b) != y or a == b or (x == y and j < i):
+                        continue
+                    st = p["runs"][a].get("vs", {}).get(b)
+                    if st and st.get("n"):
+                        medians.append(st["median"])
+                        verdicts.append(st["verdict"])
+            if medians:
+                out.append({"allocator": x, "vs": y, "pairs": len(medians), "lowest": min(medians),
+                            "highest": max(medians),
+                            "verdicts": {v: verdicts.count(v) for v in sorted(set(verdicts))}})
+    return out
+
 
 def fmt_ci(s):
     if s.get("ci") is None:
@@ -600,6 +653,19 @@ def render(results, seconds):
                 lines.append("%-9s %-12s %-11s %7.3f %7.3f %7.3f  %-23s %15s  %s" % (
                     p["program"], a, ref, s["median"], s["q1"], s["q3"], fmt_ci(s),
                     "%d of %d" % (s["at_or_below"], s["n"]), s["verdict"]))
+    across = [(p, c) for p in results if not p.get("not_run") for c in p.get("across", [])]
+    if across:
+        lines += ["", "=== Across processes, where an allocator ran in several: the medians above "
+                  "over every pair of the two allocators' processes, lowest and highest, and the "
+                  "pairs' verdicts; an allocator against itself is the method's own spread, "
+                  "which bounds what the set can tell",
+                  "%-9s %-12s %-12s %5s %7s %7s  %s" % (
+                      "program", "allocator", "vs", "pairs", "lowest", "highest", "verdicts")]
+        for p, c in across:
+            lines.append("%-9s %-12s %-12s %5d %7.3f %7.3f  %s" % (
+                p["program"], c["allocator"], c["vs"] if c["vs"] != c["allocator"] else "itself",
+                c["pairs"], c["lowest"], c["highest"],
+                ", ".join("%s %d" % kv for kv in c["verdicts"].items())))
     profiled = [(p, a) for p in results for a in p.get("allocators", [])
                 if p["runs"][a].get("profile") or p["runs"][a].get("profile_error")]
     if profiled:

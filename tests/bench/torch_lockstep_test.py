@@ -364,6 +364,35 @@ def main(path):
               "default steps: llama 6, gpt2 40: %s" % {k: v.get("paired_steps") for k, v in p.items()})
         check(rows(text, "gpt2", "gvm", "native") and not rows(text, "gpt2", "gvm", "expandable"),
               "no expandable run: no column against it")
+        check("Across processes" not in text, "one process an allocator: no table across processes")
+
+        # Two processes an allocator: every process paired with every other, and
+        # the table across processes (exact binary fractions of a shared drift).
+        drift = [1, 2, 4, 1, 2, 4, 8, 1]
+        native = [x * 0.125 for x in drift]
+        spec = {"times": {"native": native, "native#2": native,
+                          "gvm": [x * 0.875 for x in native], "gvm#2": [x * 0.75 for x in native]}}
+        rc, text, js, log, _, _ = r.run(["--programs", "gpt2", "--steps", "8",
+                                         "--allocators", "native,native#2,gvm,gvm#2"], spec)
+        g = js["programs"][0]
+        check(rc == 0, "two processes an allocator: exit status %d" % rc)
+        check(sorted(g["runs"]["gvm#2"]["vs"]) == ["gvm", "native", "native#2"] and
+              g["runs"]["gvm#2"]["vs"]["native#2"]["median"] == 0.75,
+              "gvm#2 paired with every other process: %s" % sorted(g["runs"]["gvm#2"]["vs"]))
+        across = {(c["allocator"], c["vs"]): c for c in g["across"]}
+        c = across.get(("gvm", "native"), {})
+        check(c.get("pairs") == 4 and c.get("lowest") == 0.75 and c.get("highest") == 0.875 and
+              c.get("verdicts") == {"at or below": 4}, "gvm against native over 4 pairs: %s" % c)
+        c = across.get(("native", "native"), {})
+        check(c.get("pairs") == 1 and c.get("lowest") == 1.0 and c.get("highest") == 1.0,
+              "native against itself, one pair (not both ways): %s" % c)
+        c = across.get(("gvm", "gvm"), {})
+        check(c.get("pairs") == 1 and abs(c.get("lowest", 0) - 0.875 / 0.75) < 1e-12 and
+              c.get("verdicts") == {"above": 1}, "gvm ÷ gvm#2 above: %s" % c)
+        check(["gpt2", "gvm", "native", "4", "0.750", "0.875", "at", "or", "below", "4"] in
+              [w for w in rows(text, "gpt2", "gvm")], "the across row of gvm: %s" % rows(text, "gpt2", "gvm"))
+        check(["gpt2", "gvm", "itself", "1", "1.167", "1.167", "above", "1"] in rows(text, "gpt2", "gvm"),
+              "the row of gvm against itself")
 
         # A worker dying mid-run: reported with its stderr's end, the others ended, the next program runs.
         spec = {"die_at": {"gpt2/gvm": 3}, "exit_after_end": {"llama/native": 5}}
