@@ -587,7 +587,8 @@ def record_trace_run(allocator):
 
 if __name__ == "__main__":
     mode, rest = sys.argv[1], sys.argv[2:]
-    {"train": lambda: train(*rest), "resnet": lambda: resnet_train(*rest), "infer": lambda: infer(*rest), "mempool": mempool,
-     "scratch_peer": scratch_peer, "dist": dist_run, "ddp": lambda: ddp_run(*rest), "cupy": cupy_run,
+    {"train": lambda: train(*rest), "resnet": lambda: resnet_train(*rest),
+     "infer": lambda: infer(*rest), "mempool": mempool, "scratch_peer": scratch_peer,
+     "dist": dist_run, "ddp": lambda: ddp_run(*rest), "cupy": cupy_run,
      "cupy_dead_stream": cupy_dead_stream, "numba": numba_run,
      "record_trace": lambda: record_trace_run(*rest)}[mode]()
