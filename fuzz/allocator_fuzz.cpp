@@ -5,8 +5,8 @@
 // bug) and no race was recorded (every access the fuzzer makes is ordered
 // the way a correct caller orders it, so a race is the allocator's).
 //
-// Tiny config (256 MiB per device, 2 MiB chunks) so that out-of-memory,
-// the OOM retry and release paths run on short inputs.
+// Tiny config (256 MiB per device, 2 MiB chunks, or 8 MiB by a config bit)
+// so that out-of-memory, the OOM retry and release paths run on short inputs.
 //
 // Driver faults: one op makes a driver call (cuMemCreate, cuMemMap,
 // cuMemUnmap, cuMemRelease, an event's record or synchronize, a stream
@@ -99,6 +99,10 @@ class Run {
     if (flags & 4) c.reserve_slack = -1;
     c.scratch_fence_tracked = (flags & 8) != 0;
     if (flags & 16) c.max_reserved_bytes = 96 * kMiB;
+    // Chunks of several granules: a growth is cut into more than one chunk
+    // only where a run is longer than a chunk, and only then does a block's
+    // shared last granule get a chunk of its own (plan_chunks).
+    if (flags & 32) c.max_chunk_bytes = 8 * kMiB;
     alloc_ = std::make_unique<gvm::Allocator>(*sim_, c);
   }
 
