@@ -96,7 +96,7 @@ struct ChunkPlan {
 // more, smaller chunks, and every later release and growth would pay for
 // them (on the BERT trace, simulated: 2,145 driver calls became 17,936).
 //
-// `block_end` is the end of the block the runs are mapped for (0: none).
+// `block_end` is the end of the block the runs are mapped for.
 // Where that block ends inside a run's last granule and the run is cut into
 // several chunks anyway, that granule is a chunk of its own: the rest of it
 // is free memory that the next block placed there will share, and a granule
@@ -105,13 +105,13 @@ struct ChunkPlan {
 // one chunk is left whole (the granule of its own would double its chunks).
 template <typename Runs>
 std::vector<ChunkPlan> plan_chunks(const Runs& runs, std::size_t max_chunk, HandleStash* stash,
-                                   std::uintptr_t block_end = 0) {
+                                   std::uintptr_t block_end) {
   std::vector<ChunkPlan> plan;
   for (const auto& run : runs) {
     std::uintptr_t addr = run.first;
     std::size_t left = run.second;
     const std::uintptr_t run_end = run.first + run.second;
-    const bool shared_edge = block_end != 0 && run_end > block_end && run.second > max_chunk;
+    const bool shared_edge = run_end > block_end && run.second > max_chunk;
     while (left != 0) {
       ChunkPlan c;
       c.addr = addr;
