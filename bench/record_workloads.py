@@ -2,6 +2,8 @@
 
     python bench/record_workloads.py OUT_DIR [--workloads vit_train,...] [--timeout S]
 
+(all ten by default).
+
 The shipped traces (traces/README.md) are GPT-2 and ResNet-50 training, BERT
 inference and a Llama generate loop; the fragmentation policy was studied on
 them (docs/design-notes.md, "Fragmentation"). These workloads are other shapes,
@@ -23,6 +25,26 @@ recorded to check that the policy holds on programs it was not tuned on:
                       move the peak batch by batch, in training)
   t5_seq2seq          transformers T5-small-sized encoder-decoder training, AdamW,
                       random source and target lengths (cross-attention, two stacks)
+
+A second set, recorded after rule 7 (2026-12-06), of shapes none of the rules was
+studied on:
+
+  convnext_train      torchvision ConvNeXt-T training, AdamW, bf16, channels_last,
+                      batch 16-96 and resolution 160-288 at random (depthwise 7x7
+                      convolutions, LayerNorm over channels)
+  segmentation_train  torchvision DeepLabV3-ResNet50 training with its auxiliary head,
+                      SGD, bf16, batch 4-16 of crops 256-576 high and wide at random
+                      (dense per-pixel outputs, dilated convolutions)
+  moe_train           a decoder of 8 layers whose feed-forward is 8 experts with top-2
+                      routing, in plain PyTorch, AdamW, bf16, batch 4-16 and sequence
+                      128-1024 at random: each expert's batch is the tokens routed to
+                      it, a size that changes with every layer and step
+  bert_accum          transformers BERT-base sequence classification fine-tuning, AdamW,
+                      bf16, batch 8-32 and sequence 32-512 at random, gradients
+                      accumulated over 4 micro-batches (one recorded step = one micro-batch)
+  whisper_train       transformers Whisper-sized speech encoder-decoder (6+6 layers,
+                      d=512) training on 30 s of log-mel frames with transcripts of
+                      8-440 tokens at random
 
 Every model is randomly initialised from a configuration (nothing is downloaded).
 Each workload runs in a process of its own under PyTorch's own allocator, warms
@@ -225,12 +247,185 @@ def t5_seq2seq(out_dir, steps):
     record(torch, "t5_seq2seq", out_dir, step, 2, steps)
 
 
+# ---- recorded 2026-12-06, after rule 7: more shapes the policy was not studied on ----
+
+def convnext_train(out_dir, steps):
+    torch = setup()
+    import torchvision
+    model = torchvision.models.convnext_tiny(weights=None).cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    rng = random.Random(16)
+
+    def step(_):
+        b, r = rng.choice([16, 32, 64, 96]), rng.choice([160, 192, 224, 256, 288])
+        x = torch.randn(b, 3, r, r, device="cuda").to(memory_format=torch.channels_last)
+        y = torch.randint(0, 1000, (b,), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    record(torch, "convnext_train", out_dir, step, 2, steps)
+
+
+def segmentation_train(out_dir, steps):
+    torch = setup()
+    import torchvision
+    model = torchvision.models.segmentation.deeplabv3_resnet50(
+        weights=None, weights_backbone=None, num_classes=21, aux_loss=True).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss(ignore_index=255)
+    rng = random.Random(17)
+
+    def step(_):
+        # Crops of other heights and widths each batch, as segmentation training feeds.
+        b = rng.choice([4, 8, 12, 16])
+        h, w = rng.randrange(256, 577, 32), rng.randrange(256, 577, 32)
+        x = torch.randn(b, 3, h, w, device="cuda")
+        y = torch.randint(0, 21, (b, h, w), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(x)
+            loss = loss_fn(out["out"], y) + 0.4 * loss_fn(out["aux"], y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    record(torch, "segmentation_train", out_dir, step, 2, steps)
+
+
+def moe_train(out_dir, steps):
+    torch = setup()
+    nn = torch.nn
+    F = torch.nn.functional
+
+    class Experts(nn.Module):
+        """Top-2 routing over 8 feed-forward experts: each expert's batch is the
+        tokens routed to it, a size that changes with every step and layer."""
+
+        def __init__(self, d, n=8, k=2):
+            super().__init__()
+            self.router = nn.Linear(d, n)
+            self.experts = nn.ModuleList(
+                nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for _ in range(n))
+            self.k = k
+
+        def forward(self, x):  # (N, d)
+            weight, which = self.router(x).softmax(-1).topk(self.k, dim=-1)
+            out = torch.zeros_like(x)
+            for e, expert in enumerate(self.experts):
+                rows, slot = (which == e).nonzero(as_tuple=True)
+                if rows.numel() == 0:
+                    continue
+                y = expert(x[rows]) * weight[rows, slot].unsqueeze(-1).to(x.dtype)
+                out = out.index_add(0, rows, y.to(out.dtype))
+            return out
+
+    class Block(nn.Module):
+        def __init__(self, d, heads):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.moe = Experts(d)
+            self.heads = heads
+
+        def forward(self, x):  # (B, T, d)
+            b, t, d = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+            a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                               v.transpose(1, 2), is_causal=True)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+            return x + self.moe(self.ln2(x).reshape(b * t, d)).view(b, t, d)
+
+    class Model(nn.Module):
+        def __init__(self, vocab=32000, d=768, layers=8, heads=12):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d)
+            self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+            self.ln = nn.LayerNorm(d)
+
+        def forward(self, ids):
+            x = self.embed(ids)
+            for blk in self.blocks:
+                x = blk(x)
+            return self.ln(x) @ self.embed.weight.t()
+
+    model = Model().cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rng = random.Random(18)
+
+    def step(_):
+        b, t = rng.choice([4, 8, 16]), rng.randint(128, 1024)
+        ids = torch.randint(0, 32000, (b, t), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(ids)
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+                                   ids[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    record(torch, "moe_train", out_dir, step, 2, steps)
+
+
+def bert_accum(out_dir, steps):
+    torch = setup()
+    from transformers import BertConfig, BertForSequenceClassification
+    cfg = BertConfig(num_labels=4)
+    model = BertForSequenceClassification(cfg).cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-5)
+    rng = random.Random(19)
+    accumulate = 4  # micro-batches per optimizer step: the gradients live across them
+
+    def step(i):
+        b, t = rng.choice([8, 16, 24, 32]), rng.randint(32, 512)
+        ids = torch.randint(0, cfg.vocab_size, (b, t), device="cuda")
+        labels = torch.randint(0, 4, (b,), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=labels).loss / accumulate
+        loss.backward()
+        if (i + 1) % accumulate == 0:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    record(torch, "bert_accum", out_dir, step, accumulate, steps)
+
+
+def whisper_train(out_dir, steps):
+    torch = setup()
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+    cfg = WhisperConfig(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+                        decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048)
+    model = WhisperForConditionalGeneration(cfg).cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rng = random.Random(20)
+
+    def step(_):
+        # 30 s of log-mel frames (Whisper's fixed input) and transcripts of any length.
+        b, t = rng.choice([4, 8, 16, 24]), rng.randint(8, 440)
+        feats = torch.randn(b, cfg.num_mel_bins, 2 * cfg.max_source_positions, device="cuda")
+        labels = torch.randint(0, cfg.vocab_size - 100, (b, t), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_features=feats, labels=labels).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    record(torch, "whisper_train", out_dir, step, 2, steps)
+
+
 WORKLOADS = {
     "vit_train": (vit_train, 20),
     "efficientnet_side": (efficientnet_side, 30),
     "gpt2_checkpointed": (gpt2_checkpointed, 20),
     "speech_ctc": (speech_ctc, 30),
     "t5_seq2seq": (t5_seq2seq, 30),
+    "convnext_train": (convnext_train, 30),
+    "segmentation_train": (segmentation_train, 20),
+    "moe_train": (moe_train, 30),
+    "bert_accum": (bert_accum, 40),
+    "whisper_train": (whisper_train, 20),
 }
 
 

@@ -442,6 +442,34 @@ std::string pad(const std::string& s, std::size_t w) {
   return s.size() >= w ? s + " " : s + std::string(w - s.size(), ' ');
 }
 
+// Where the peers' figures were measured, from peers.csv's "measured"
+// column ("2026-12-04 (1× NVIDIA H200)"): "1× NVIDIA H200 (9 traces) and
+// 1× NVIDIA H100 80GB HBM3 (5 traces)", in order of first appearance.
+std::string peer_gpus(const std::vector<gvm::bench::ShippedTrace>& traces) {
+  std::vector<std::pair<std::string, int>> gpus;
+  for (const auto& t : traces) {
+    if (t.peers.empty()) continue;
+    const std::string& m = t.peers.begin()->second.measured;
+    const auto open = m.find('('), close = m.rfind(')');
+    const std::string gpu = open != std::string::npos && close != std::string::npos && close > open
+                                ? m.substr(open + 1, close - open - 1)
+                                : "a GPU peers.csv does not name";
+    auto it = std::find_if(gpus.begin(), gpus.end(), [&](const auto& g) { return g.first == gpu; });
+    if (it == gpus.end())
+      gpus.emplace_back(gpu, 1);
+    else
+      ++it->second;
+  }
+  std::string out;
+  for (std::size_t i = 0; i < gpus.size(); ++i) {
+    if (i != 0) out += i + 1 == gpus.size() ? " and " : ", ";
+    out += gpus[i].first;
+    if (gpus.size() > 1)
+      out += " (" + std::to_string(gpus[i].second) + " trace" + (gpus[i].second == 1 ? "" : "s") + ")";
+  }
+  return out;
+}
+
 // Draws the table with tools/replay_plot.py where python3 has matplotlib;
 // says in one line what it did.
 void plot(const std::string& json, const std::string& file) {
@@ -523,8 +551,8 @@ int run_table(const Args& a) {
   o << "gvmalloc on " << rows.size() << " shipped traces, " << choice.description << ", conf "
     << conf_changes(config) << "\n\n"
     << "Peak reserved / peak live (1.000 = the live bytes and nothing more; lower is better).\n"
-    << "The peers' figures were recorded on one NVIDIA H200 with gvm-replay-baseline\n"
-    << "(traces/README.md); gvmalloc's are this run's.\n\n";
+    << "The peers' figures were recorded with gvm-replay-baseline on\n"
+    << peer_gpus(shipped) << "\n(traces/peers.csv, traces/README.md); gvmalloc's are this run's.\n\n";
   // The first column as wide as the longest trace name, and two more.
   std::size_t w0 = std::string("trace").size();
   for (const Row& r : rows) w0 = std::max(w0, r.t->name.size());
@@ -563,8 +591,8 @@ int run_table(const Args& a) {
       }
       o << "\n";
     }
-    o << "(peers' times recorded on one NVIDIA H200, traces/peers.csv; tools/bench-all.sh\n"
-      << "measures all of them side by side in one run)\n";
+    o << "(peers' times recorded on " << peer_gpus(shipped) << ",\ntraces/peers.csv; "
+      << "tools/bench-all.sh measures all of them side by side in one run)\n";
   }
   o << "\n";
   std::cout << o.str() << std::flush;

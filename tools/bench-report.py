@@ -431,7 +431,8 @@ def write_peers(path, traces, env):
     when = "%s (%s)" % (str(env.get("date", "?"))[:10], env.get("gpu", "?"))
     lines = ["# Peers' figures on the shipped traces: peak reserved / peak live and wall time per",
              "# allocate or free, each replaying the trace with gvm-replay-baseline on the GPU named",
-             "# (traces/README.md). Written by tools/bench-report.py --peers from one bench-all run.",
+             "# (traces/README.md). Written by tools/bench-report.py --peers from one bench-all run;",
+             "# traces added later merged in by tools/replay-peers-report.py --peers.",
              "trace,allocator,ratio,ns_per_op,measured"]
     for name in sorted(traces):
         for k, _ in PEER_COLUMNS:

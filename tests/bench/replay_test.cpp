@@ -311,7 +311,9 @@ TEST(ReplayTool, WithoutATraceTheTableCoversEveryShippedTrace) {
   const ToolRun r = run_replay("--driver sim --plot none");
   ASSERT_EQ(r.status, 0) << r.err;
   for (const char* t : {"gpt2_train", "resnet50_train", "bert_infer", "llama_generate", "vit_train",
-                        "efficientnet_side", "gpt2_checkpointed", "speech_ctc", "t5_seq2seq"})
+                        "efficientnet_side", "gpt2_checkpointed", "speech_ctc", "t5_seq2seq",
+                        "convnext_train", "segmentation_train", "moe_train", "bert_accum",
+                        "whisper_train"})
     EXPECT_NE(r.out.find(std::string("\n") + t + " "), std::string::npos) << t << "\n" << r.out;
   for (const char* label : {"PyTorch", "expandable", "cudaMallocAsync", "best peer", "driver calls",
                             "1.948", "1.218", "1.004", "(simulated)", "not a GPU"})
@@ -329,7 +331,7 @@ TEST(ReplayTool, WithoutATraceJsonIsOneObjectPerTrace) {
   std::string why;
   ASSERT_TRUE(test::JsonReader::parse(r.out, &json, &why)) << why << "\n" << r.out;
   ASSERT_EQ(json.kind, test::Json::Kind::array);
-  ASSERT_EQ(json.items.size(), 9u);  // every trace of traces/peers.csv
+  ASSERT_EQ(json.items.size(), 14u);  // every trace of traces/peers.csv
   for (const test::Json& t : json.items) {
     for (const char* key : {"trace", "ratio", "driver_calls", "ns_per_op", "peers", "peak_live_bytes"})
       EXPECT_NE(t.find(key), nullptr) << key;
