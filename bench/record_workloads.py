@@ -93,6 +93,14 @@ def record(torch, name, out_dir, step, warm, steps):
         "max_memory_allocated": torch.cuda.max_memory_allocated()}), flush=True)
 
 
+def backward_and_step(loss, opt):
+    """A training step's end: gradients, the optimiser's update, and the gradients
+    dropped (set_to_none frees them, as training loops do)."""
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 def vit_train(out_dir, steps):
     torch = setup()
     import torchvision
@@ -107,9 +115,7 @@ def vit_train(out_dir, steps):
         y = torch.randint(0, 1000, (b,), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        backward_and_step(loss, opt)
 
     record(torch, "vit_train", out_dir, step, 2, steps)
 
@@ -150,9 +156,7 @@ def efficientnet_side(out_dir, steps):
         state["next"] = prefetch()  # the next batch's copy overlaps this step
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        backward_and_step(loss, opt)
 
     record(torch, "efficientnet_side", out_dir, step, 2, steps)
 
@@ -172,9 +176,7 @@ def gpt2_checkpointed(out_dir, steps):
         ids = torch.randint(0, cfg.vocab_size, (b, t), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        backward_and_step(loss, opt)
 
     record(torch, "gpt2_checkpointed", out_dir, step, 2, steps)
 
@@ -217,9 +219,7 @@ def speech_ctc(out_dir, steps):
         loss = ctc(logp.float().transpose(0, 1),
                    targets, torch.full((b,), t_out, dtype=torch.long, device="cuda"),
                    torch.full((b,), target_len, dtype=torch.long, device="cuda"))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        backward_and_step(loss, opt)
 
     record(torch, "speech_ctc", out_dir, step, 2, steps)
 
@@ -240,9 +240,7 @@ def t5_seq2seq(out_dir, steps):
         labels = torch.randint(0, cfg.vocab_size, (b, tgt), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        backward_and_step(loss, opt)
 
     record(torch, "t5_seq2seq", out_dir, step, 2, steps)
 
@@ -263,9 +261,7 @@ def convnext_train(out_dir, steps):
         y = torch.randint(0, 1000, (b,), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        backward_and_step(loss, opt)
 
     record(torch, "convnext_train", out_dir, step, 2, steps)
 
@@ -288,9 +284,7 @@ def segmentation_train(out_dir, steps):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out = model(x)
             loss = loss_fn(out["out"], y) + 0.4 * loss_fn(out["aux"], y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        backward_and_step(loss, opt)
 
     record(torch, "segmentation_train", out_dir, step, 2, steps)
 
@@ -362,9 +356,7 @@ def moe_train(out_dir, steps):
             logits = model(ids)
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
                                    ids[:, 1:].reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        backward_and_step(loss, opt)
 
     record(torch, "moe_train", out_dir, step, 2, steps)
 
@@ -408,9 +400,7 @@ def whisper_train(out_dir, steps):
         labels = torch.randint(0, cfg.vocab_size - 100, (b, t), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_features=feats, labels=labels).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        backward_and_step(loss, opt)
 
     record(torch, "whisper_train", out_dir, step, 2, steps)
 
