@@ -444,7 +444,7 @@ std::string pad(const std::string& s, std::size_t w) {
 
 // Where the peers' figures were measured, from peers.csv's "measured"
 // column ("2026-12-04 (1× NVIDIA H200)"): "1× NVIDIA H200 (9 traces) and
-// 1× NVIDIA H100 80GB HBM3 (5 traces)", in order of first appearance.
+// 1× NVIDIA H100 80GB HBM3 (5 traces)", the GPU of the most traces first.
 std::string peer_gpus(const std::vector<gvm::bench::ShippedTrace>& traces) {
   std::vector<std::pair<std::string, int>> gpus;
   for (const auto& t : traces) {
@@ -460,6 +460,7 @@ std::string peer_gpus(const std::vector<gvm::bench::ShippedTrace>& traces) {
     else
       ++it->second;
   }
+  std::stable_sort(gpus.begin(), gpus.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
   std::string out;
   for (std::size_t i = 0; i < gpus.size(); ++i) {
     if (i != 0) out += i + 1 == gpus.size() ? " and " : ", ";

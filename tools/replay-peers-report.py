@@ -42,9 +42,10 @@ def peer_rows(res, traces):
             if not d or not d.get("ratio"):
                 continue
             day = datetime.datetime.fromtimestamp(os.path.getmtime(path), datetime.timezone.utc)
-            rows.append("%s,%s,%.3f,%.0f,%s (1× %s)" % (t, name, d["ratio"], d["ns_per_op"],
-                                                          day.strftime("%Y-%m-%d"),
-                                                          d.get("device", "?")))
+            ns = d.get("ns_per_op")
+            rows.append("%s,%s,%.3f,%s,%s (1× %s)" % (t, name, d["ratio"], "%.0f" % ns if ns else "",
+                                                        day.strftime("%Y-%m-%d"),
+                                                        d.get("device", "?")))
     return rows
 
 
@@ -70,6 +71,8 @@ def main():
     csv_path = None
     if "--peers" in args:
         i = args.index("--peers")
+        if i + 1 == len(args):
+            raise SystemExit("replay-peers-report: --peers needs the CSV to merge into\n" + __doc__)
         csv_path = args[i + 1]
         del args[i:i + 2]
     if len(args) != 1:

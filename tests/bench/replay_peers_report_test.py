@@ -65,6 +65,10 @@ def main():
         if any("9.999" in l or "8.888" in l for l in lines):
             failures.append("the old trace's earlier rows must go: %r" % lines)
 
+        r = subprocess.run([sys.executable, script, res, "--peers"], capture_output=True, text=True)
+        if r.returncode == 0 or "--peers needs the CSV" not in r.stderr or "Traceback" in r.stderr:
+            failures.append("--peers without a file: %r" % r.stderr)
+
         bad = os.path.join(tmp, "bad.csv")
         with open(bad, "w") as f:
             f.write("not,a,peers,file\n")
