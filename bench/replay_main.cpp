@@ -404,14 +404,18 @@ int run_one(const Args& a) {
       o << "snapshot       " << snap->snapshot << ", device " << snap->get("device")
         << " (converted by tools/snapshot_to_trace.py)\n";
       const std::string pt = snap->get("pytorch_peak_reserved_bytes");
+      // A snapshot of a run under gvmalloc's own PyTorch backend holds
+      // gvmalloc's figures, not PyTorch's allocator's (the converter names it).
+      const std::string recorder = snap->get("pytorch_allocator");
+      const char* label = recorder.rfind("gvmalloc", 0) == 0 ? "recorded       " : "PyTorch        ";
       if (pt.empty()) {
-        o << "PyTorch        no segment events in the history: its reserved bytes are unknown\n";
+        o << label << "no segment events in the history: its reserved bytes are unknown\n";
       } else {
         const double pytorch = std::stod(pt);
         const double ours = static_cast<double>(memory.peak_reserved_bytes);
-        o << "PyTorch        peak reserved " << pt << " bytes (" << gib(static_cast<std::uint64_t>(pytorch))
+        o << label << "peak reserved " << pt << " bytes (" << gib(static_cast<std::uint64_t>(pytorch))
           << ") in the recorded run, " << pytorch / static_cast<double>(memory.peak_live_bytes)
-          << " reserved / live (" << snap->get("pytorch_allocator") << ")\n";
+          << " reserved / live (" << recorder << ")\n";
         if (ours <= pytorch) {
           o << "saving         gvmalloc reserves " << static_cast<std::uint64_t>(pytorch - ours)
             << " bytes (" << gib(static_cast<std::uint64_t>(pytorch - ours)) << ", "

@@ -362,6 +362,29 @@ TEST(ReplayTool, SnapshotIsReplayedBesideWhatPyTorchReserved) {
   EXPECT_EQ(json.find("pytorch_peak_reserved_bytes")->as_u64(), 115343360u);
 }
 
+// A snapshot of a run under gvmalloc's own backend: its reserved bytes are
+// gvmalloc's, so the report names the recorded run, not PyTorch's allocator.
+TEST(ReplayTool, SnapshotOfAGvmallocRunIsNotCalledPyTorchs) {
+  if (std::system("python3 -c 1 >/dev/null 2>&1") != 0) GTEST_SKIP() << "python3 not found (the converter is Python)";
+  const std::string src = std::string(GVM_SOURCE_DIR) + "/tests/python/data/small_snapshot.pickle";
+  const std::string snap = temp_path("gvm.pickle");
+  // The settings gvmalloc's backend reports (integrations/torch/src/memory_layout.cpp).
+  const std::string make =
+      "python3 -c \"import pickle,sys; s=pickle.load(open(sys.argv[1],'rb')); "
+      "s['allocator_settings'].update(expandable_segments=True, "
+      "PYTORCH_CUDA_ALLOC_CONF='gvmalloc GVM_CONF: reserve_slack:0.02'); "
+      "pickle.dump(s, open(sys.argv[2],'wb'))\" '" + src + "' '" + snap + "'";
+  ASSERT_EQ(std::system(make.c_str()), 0);
+  const ToolRun r = run_replay("--driver sim --snapshot '" + snap + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("recorded       peak reserved 115343360 bytes"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(gvmalloc's PyTorch backend (GVM_CONF: reserve_slack:0.02))"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("PyTorch        "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("PyTorch's caching allocator"), std::string::npos) << r.out;
+  std::remove(snap.c_str());
+}
+
 TEST(ReplayTool, SnapshotsThatCannotBeUsedSayWhy) {
   if (std::system("python3 -c 1 >/dev/null 2>&1") != 0) GTEST_SKIP() << "python3 not found (the converter is Python)";
   const std::string junk = temp_path("junk.pickle");

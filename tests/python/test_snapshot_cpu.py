@@ -85,6 +85,21 @@ class SmallSnapshot(unittest.TestCase):
         self.assertEqual(conv.pytorch["reserved_before_history"], 0)
         self.assertIn("expandable_segments off", conv.pytorch["allocator"])
 
+    def test_a_snapshot_of_gvmallocs_backend_names_gvmalloc_as_its_allocator(self):
+        # gvmalloc's backend answers _snapshot() with its own settings (its
+        # segments grow, so expandable_segments is on, and the configuration
+        # string is gvmalloc's): the recorded run's figures are gvmalloc's,
+        # not PyTorch's caching allocator's.
+        snap = snapshot.load(SMALL)
+        snap["allocator_settings"] = dict(snap["allocator_settings"], expandable_segments=True,
+                                          PYTORCH_CUDA_ALLOC_CONF="gvmalloc GVM_CONF: reserve_slack:0.02")
+        conv = snapshot.convert(snap, 0, SMALL)
+        self.assertTrue(conv.pytorch["gvmalloc"])
+        self.assertNotIn("PyTorch's caching allocator", conv.pytorch["allocator"])
+        self.assertIn("gvmalloc's PyTorch backend (GVM_CONF: reserve_slack:0.02)", conv.pytorch["allocator"])
+        self.assertIn("# gvmalloc's PyTorch backend reserved at most", conv.text())
+        self.assertFalse(snapshot.convert(snapshot.load(SMALL), 0, SMALL).pytorch["gvmalloc"])
+
     def test_the_tool_writes_a_trace_gvm_replay_reads(self):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "t.trace.gz")

@@ -123,7 +123,8 @@ class Conversion:
                 self.allocations, self.frees, len(self.streams), self.peak_live_bytes),
         ]
         if self.pytorch.get("peak_reserved_bytes") is not None:
-            head.append("# PyTorch reserved at most %d bytes over this history (%s)" % (
+            head.append("# %s reserved at most %d bytes over this history (%s)" % (
+                "gvmalloc's PyTorch backend" if self.pytorch.get("gvmalloc") else "PyTorch",
                 self.pytorch["peak_reserved_bytes"], self.pytorch["allocator"]))
         return "\n".join(head + self.lines) + "\n"
 
@@ -153,6 +154,9 @@ def devices_with_history(snap, source="<snapshot>"):
     return out
 
 
+_GVM_SETTINGS = "gvmalloc GVM_CONF:"
+
+
 def _pytorch_figures(snap, device, history, end_reserved):
     settings = snap.get("allocator_settings") or {}
     expandable = bool(settings.get("expandable_segments")) if isinstance(settings, dict) else False
@@ -170,10 +174,19 @@ def _pytorch_figures(snap, device, history, end_reserved):
     # What was reserved before the history began: what is reserved at the end
     # minus what the history added.
     before = max(end_reserved - net, 0)
+    # gvmalloc's backend answers _snapshot() with its configuration in the
+    # settings' configuration string: the run was gvmalloc's, not PyTorch's
+    # caching allocator's (integrations/torch/src/memory_layout.cpp).
+    gvm = isinstance(conf, str) and conf.startswith(_GVM_SETTINGS)
+    if gvm:
+        name = "gvmalloc's PyTorch backend (%s)" % conf[len("gvmalloc "):]
+    else:
+        name = "PyTorch's caching allocator, expandable_segments %s%s" % (
+            "on" if expandable else "off", (", PYTORCH_CUDA_ALLOC_CONF=" + conf) if conf else "")
     return {
-        "allocator": "PyTorch's caching allocator, expandable_segments %s%s" % (
-            "on" if expandable else "off", (", PYTORCH_CUDA_ALLOC_CONF=" + conf) if conf else ""),
-        "expandable_segments": expandable,
+        "allocator": name,
+        "gvmalloc": gvm,
+        "expandable_segments": expandable and not gvm,
         "peak_reserved_bytes": before + peak if seen or end_reserved else None,
         "end_reserved_bytes": end_reserved,
         "reserved_before_history": before,
