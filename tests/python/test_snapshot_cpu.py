@@ -19,6 +19,7 @@ from gvmalloc import snapshot
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data")
+ROOT = os.path.dirname(os.path.dirname(HERE))
 TOOL = os.path.join(HERE, "..", "..", "tools", "snapshot_to_trace.py")
 SMALL = os.path.join(DATA, "small_snapshot.pickle")
 
@@ -205,6 +206,19 @@ class RecordTraceWithoutTorch(unittest.TestCase):
             with record_trace(os.path.join(tempfile.gettempdir(), "never.trace")):
                 pass
         self.assertIn("needs PyTorch", str(cm.exception))
+
+    def test_the_trace_names_the_file_not_the_directory(self):
+        # The trace's first line names where it came from; a directory of the
+        # recording machine would travel with every copy of the file.
+        from gvmalloc.record_trace import source_label
+        self.assertEqual(source_label(os.path.join("some", "dir", "step.trace.gz")),
+                         "record_trace('step.trace.gz')")
+        for path in ["traces/" + n for n in os.listdir(os.path.join(ROOT, "traces")) if n.endswith(".gz")] + [
+                os.path.join("tests", "python", "data", "paired_record.trace.gz")]:
+            with gzip.open(os.path.join(ROOT, path), "rt") as f:
+                first = f.readline()
+            if first.startswith("# gvmalloc trace of record_trace("):
+                self.assertNotIn("/", first.split("'")[1], path)
 
     def test_gvmalloc_torch_exports_it(self):
         # gvmalloc.torch imports torch, so where torch is missing its exports

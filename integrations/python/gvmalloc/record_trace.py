@@ -16,10 +16,17 @@ off again on exit, also when the block raises.
 """
 
 import contextlib
+import os
 
 from . import snapshot
 
 __all__ = ["record_trace", "RecordTraceError"]
+
+
+def source_label(path):
+    """What the trace's first line says it came from: the file's name only, so
+    that no directory of the recording machine travels with the file."""
+    return "record_trace(%r)" % os.path.basename(path)
 
 
 class RecordTraceError(RuntimeError):
@@ -64,5 +71,5 @@ def record_trace(path, device=None, max_entries=10_000_000):
         snap = torch.cuda.memory._snapshot(dev)
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    conv = snapshot.convert(snap, dev, source="record_trace(%r)" % path)
+    conv = snapshot.convert(snap, dev, source=source_label(path))
     conv.write(path)
