@@ -134,6 +134,19 @@ TEST(ShippedTraceKnownGap, ResNetStaysAtItsMeasuredRatio) {
   EXPECT_LE(r.fences, 6u);
 }
 
+// The ResNet-50 program (one fixed batch, 155 steps, recorded whole on an H100 under
+// expandable segments, which reserved 3,349,151,744 bytes: 1.0124 of its peak live
+// bytes). gvmalloc reaches 1.0175 (3,210 MiB): below expandable segments after two
+// steps, it creeps past them as size classes that are allocated a few times a step
+// warm up late and their spans split the settled layout's holes (docs/design-notes.md,
+// "Known gaps"). This holds today's figure so that it only gets better.
+TEST(ShippedTraceKnownGap, ResNetProgramStaysAtItsMeasuredRatio) {
+  const Replayed r = replay_on_sim_h200(std::string(GVM_SOURCE_DIR) + "/traces/resnet50_program.trace.gz");
+  EXPECT_LE(r.ratio, 1.018);
+  EXPECT_LE(r.chunks_mapped, 160u);
+  EXPECT_LE(r.fences, 2u);
+}
+
 struct Synthetic {
   const char* trace;
   double max_ratio;  // today's figure with a little room; the old policy's in the comment
