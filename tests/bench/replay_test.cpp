@@ -331,7 +331,7 @@ TEST(ReplayTool, WithoutATraceJsonIsOneObjectPerTrace) {
   std::string why;
   ASSERT_TRUE(test::JsonReader::parse(r.out, &json, &why)) << why << "\n" << r.out;
   ASSERT_EQ(json.kind, test::Json::Kind::array);
-  ASSERT_EQ(json.items.size(), 14u);  // every trace of traces/peers.csv
+  ASSERT_EQ(json.items.size(), 15u);  // every trace of traces/peers.csv
   for (const test::Json& t : json.items) {
     for (const char* key : {"trace", "ratio", "driver_calls", "ns_per_op", "peers", "peak_live_bytes"})
       EXPECT_NE(t.find(key), nullptr) << key;
