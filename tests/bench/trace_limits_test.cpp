@@ -137,9 +137,8 @@ TEST(ShippedTraceKnownGap, ResNetStaysAtItsMeasuredRatio) {
 // The ResNet-50 program (one fixed batch, 155 steps, recorded whole on an H100 under
 // expandable segments, which reserved 3,349,151,744 bytes: 1.0124 of its peak live
 // bytes, as its replay on that H100 does; traces/peers.csv). gvmalloc reaches 1.0175 (3,210 MiB): below expandable segments after two
-// steps, it creeps past them as size classes that are allocated a few times a step
-// warm up late and their spans split the settled layout's holes (docs/design-notes.md,
-// "Known gaps"). This holds today's figure so that it only gets better.
+// steps, it creeps past them at the steps where size classes allocated a few times a
+// step get their first spans (docs/design-notes.md, "Known gaps"). This holds today's figure so that it only gets better.
 TEST(ShippedTraceKnownGap, ResNetProgramStaysAtItsMeasuredRatio) {
   const Replayed r = replay_on_sim_h200(std::string(GVM_SOURCE_DIR) + "/traces/resnet50_program.trace.gz");
   EXPECT_LE(r.ratio, 1.018);
