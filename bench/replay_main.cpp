@@ -405,9 +405,9 @@ int run_one(const Args& a) {
         << " (converted by tools/snapshot_to_trace.py)\n";
       const std::string pt = snap->get("pytorch_peak_reserved_bytes");
       // A snapshot of a run under gvmalloc's own PyTorch backend holds
-      // gvmalloc's figures, not PyTorch's allocator's (the converter names it).
+      // gvmalloc's figures, not PyTorch's allocator's (the converter says so).
       const std::string recorder = snap->get("pytorch_allocator");
-      const char* label = recorder.rfind("gvmalloc", 0) == 0 ? "recorded       " : "PyTorch        ";
+      const char* label = snap->get("recorded_by_gvmalloc") == "1" ? "recorded       " : "PyTorch        ";
       if (pt.empty()) {
         o << label << "no segment events in the history: its reserved bytes are unknown\n";
       } else {

@@ -52,6 +52,8 @@ def main():
             "streams": len(conv.streams), "peak_live_bytes": conv.peak_live_bytes,
             "unmatched_frees": conv.unmatched_frees,
             "pytorch_allocator": pt["allocator"],
+            # 1: the snapshot is of a run under gvmalloc's own backend, whose figures these are.
+            "recorded_by_gvmalloc": 1 if pt["gvmalloc"] else 0,
             "pytorch_peak_reserved_bytes": pt["peak_reserved_bytes"] if pt["peak_reserved_bytes"] is not None else "",
             "pytorch_reserved_before_history": pt["reserved_before_history"],
         }

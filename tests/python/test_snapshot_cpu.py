@@ -116,6 +116,7 @@ class SmallSnapshot(unittest.TestCase):
                 fields = dict(line.split("=", 1) for line in f.read().splitlines())
             self.assertEqual(fields["pytorch_peak_reserved_bytes"], "115343360")
             self.assertEqual(fields["peak_live_bytes"], "75845720")
+            self.assertEqual(fields["recorded_by_gvmalloc"], "0")
 
 
 class BadSnapshots(unittest.TestCase):
