@@ -169,8 +169,7 @@ def worker(program, allocator, steps):
                        backend=torch.cuda.get_allocator_backend(),
                        allocations_per_step=round((allocations - a0) / max(1, n), 1))
             if counters is not None:
-                steps_only = {k: now[k] - counters[k] for k in now}
-                steps_only["driver_ms"] = round(steps_only.pop("driver_ns") / 1e6, 3)
+                steps_only = tp.counters_since(now, counters)
                 out["gvmalloc"] = {"lockstep_steps": steps_only,
                                    "device0": tp.gvm_summary()["device0"]}
             say(**out)

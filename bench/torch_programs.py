@@ -234,6 +234,24 @@ def gvm_counters():
     out = {k: d.get(k, 0) for k in ("chunks_mapped", "chunks_unmapped", "fences")}
     out["driver_calls"] = sum(v["calls"] for v in s["driver_calls"].values())
     out["driver_ns"] = sum(v["ns"] for v in s["driver_calls"].values())
+    # Per entry point too: a fence's wait for queued work (cuEventSynchronize)
+    # and a growth's mapping are both host time, and only the split says which.
+    out["by_call"] = {name: (v["calls"], v["ns"]) for name, v in s["driver_calls"].items()}
+    return out
+
+
+def counters_since(now, then):
+    """What gvm_counters() grew by between two readings: the counts, driver_ms,
+    and by_call as "entry point: calls / ms" for the entry points called."""
+    out = {k: now[k] - then[k] for k in now if k not in ("driver_ns", "by_call")}
+    out["driver_ms"] = round((now["driver_ns"] - then["driver_ns"]) / 1e6, 3)
+    calls = []
+    for name, (n, ns) in now["by_call"].items():
+        n0, ns0 = then["by_call"].get(name, (0, 0))
+        if n > n0:
+            calls.append((name, n - n0, ns - ns0))
+    calls.sort(key=lambda c: -c[2])
+    out["by_call"] = "; ".join("%s %d / %.3f ms" % (c, n, ns / 1e6) for c, n, ns in calls)
     return out
 
 
@@ -254,9 +272,7 @@ def finish(torch, allocator, times, checks, step, profile_steps, allocations, **
     in_timed = None
     if is_gvm(allocator) and "gvm" in TIMED_START:
         # Read before the pairs and the profiled steps below add their own.
-        now, then = gvm_counters(), TIMED_START["gvm"]
-        in_timed = {k: now[k] - then[k] for k in now}
-        in_timed["driver_ms"] = round(in_timed.pop("driver_ns") / 1e6, 3)
+        in_timed = counters_since(gvm_counters(), TIMED_START["gvm"])
     peak = torch.cuda.max_memory_reserved()
     pairs = alloc_pair_us(torch)
     table, alloc_ops = profile_table(torch, step, profile_steps)

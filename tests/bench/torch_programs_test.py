@@ -197,6 +197,18 @@ def main(path):
               ["gvm", "gvm-base", "native", "gvm-base#2", "native#2", "gvm#2"],
               "gvm-base in rotated rounds: %s" % started)
         os.environ.pop("GVM_BASE_BUILD", None)
+        # The timed steps' driver calls, split by entry point: only those called
+        # between the readings, the slowest first.
+        then = {"fences": 1, "driver_calls": 3, "driver_ns": 5_000_000,
+                "by_call": {"cuMemMap": (2, 4_000_000), "cuEventSynchronize": (1, 1_000_000),
+                            "cuMemCreate": (0, 0)}}
+        now = {"fences": 4, "driver_calls": 9, "driver_ns": 19_000_000,
+               "by_call": {"cuMemMap": (3, 5_500_000), "cuEventSynchronize": (4, 11_000_000),
+                           "cuMemCreate": (0, 0), "cuMemUnmap": (1, 2_500_000)}}
+        d2 = tp.counters_since(now, then)
+        check(d2 == {"fences": 3, "driver_calls": 6, "driver_ms": 14.0,
+                     "by_call": "cuEventSynchronize 3 / 10.000 ms; cuMemUnmap 1 / 2.500 ms; "
+                                "cuMemMap 1 / 1.500 ms"}, "counters_since: %s" % d2)
         try:
             run(tp, ["--out", d, "--allocators", "gvm,nativ"], walls)
             check(False, "an unknown allocator is refused")
