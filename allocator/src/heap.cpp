@@ -114,13 +114,12 @@ void Heap::add_region_for(std::size_t size, std::size_t alignment, std::size_t r
     mapped_.store(arena_.mapped_bytes(), std::memory_order_relaxed);
   }
   device_.transit(-static_cast<std::int64_t>(bytes));
-  mark_stream();
+  mark_growth();
 }
 
-void Heap::mark_stream() {
-  // What was freed before this growth (or these frees) and is released at a
-  // later one is waited for up to here only (stream_state.hpp, "Records
-  // kept").
+void Heap::mark_growth() {
+  // What was freed before this growth and is released at a later one is
+  // waited for up to here only (stream_state.hpp, "Records kept").
   if (StreamState* s = stream(); s != nullptr) device_.tracker().mark(*s);
 }
 
@@ -166,7 +165,7 @@ void Heap::map_under(Block* b, std::vector<std::uint32_t>& counted, std::size_t 
     mapped_.store(arena_.mapped_bytes(), std::memory_order_relaxed);
   }
   device_.transit(-static_cast<std::int64_t>(need));
-  mark_stream();
+  mark_growth();
 }
 
 void* Heap::finish_large(Block* b, StreamState& user, std::size_t bytes, bool hit) {
@@ -359,7 +358,6 @@ bool Heap::deallocate_large_slow(std::uintptr_t addr, std::size_t bytes, vmm::St
   if (!own_stream && (own == nullptr || stream != own->handle()))
     freer = &device_.streams().get(stream);
   bool had_users = false;
-  bool mark = false;
   WaitSet users;
   {
     std::lock_guard<SpinLock> guard(lock_);
@@ -375,11 +373,9 @@ bool Heap::deallocate_large_slow(std::uintptr_t addr, std::size_t bytes, vmm::St
     if (had_users) users = b->waits;
     b->waits = tokens_now(b, also);
     ++frees_;
-    mark = count_free_for_mark();
     add_live(-static_cast<std::int64_t>(b->size));
     arena_.give_back_deferred(b);
   }
-  if (mark) mark_stream();
   if (had_users && !device_.capturing()) {
     // record_stream's promise, as PyTorch's allocator keeps it: an event on
     // every recorded stream at free time, so that a later taker waits for

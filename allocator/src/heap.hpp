@@ -116,12 +116,9 @@ class Heap {
         if (requested != nullptr) *requested = b->requested;
         b->waits.assign(Token{own, own->epoch()});  // it was empty
         ++frees_;
-        const bool mark = count_free_for_mark();
         add_live(-static_cast<std::int64_t>(b->size));
         arena_.give_back_deferred(b);
         lock_.unlock();
-        if (mark) [[unlikely]]
-          mark_stream();
         if (release_after_free_) [[unlikely]]
           device_release_above_threshold();
         return true;
@@ -299,21 +296,8 @@ class Heap {
       refresh_watermark(live);
   }
   [[gnu::noinline]] void refresh_watermark(std::int64_t live) noexcept;
-  // A record on the heap's stream (AccessTracker::mark): after it grew, and
-  // every kFreesPerMark large frees (count_free_for_mark, lock_ held).
-  void mark_stream();
-  // Records kept (stream_state.hpp): without a record after a free, the
-  // fence of a release long after it records anew and waits for everything
-  // the stream queued since - GPT-2's releases take memory freed after the
-  // last growth, a few ms of host wait a step. A record every 16 large frees
-  // covers a free within 16 more (a cuEventRecord, 0.36 us on an H200, for
-  // 16 frees of a few hundred ns each: docs/design-notes.md, "Records kept").
-  static constexpr std::uint32_t kFreesPerMark = 16;
-  bool count_free_for_mark() noexcept {
-    if (++frees_since_mark_ < kFreesPerMark) [[likely]] return false;
-    frees_since_mark_ = 0;
-    return true;
-  }
+  // A record on the heap's stream after it grew (AccessTracker::mark).
+  void mark_growth();
   WaitSet tokens_now(const Block* b, StreamState* also) const;
 
   DeviceHeap& device_;
@@ -352,7 +336,6 @@ class Heap {
   // Counters, under lock_.
   std::uint64_t allocations_ = 0;
   std::uint64_t frees_ = 0;
-  std::uint32_t frees_since_mark_ = 0;  // large frees since the last record every kFreesPerMark
   std::uint64_t hits_ = 0;
   std::uint64_t cross_stream_waits_ = 0;
   std::atomic<std::uint64_t> waits_outside_{0};  // counted with lock_ released

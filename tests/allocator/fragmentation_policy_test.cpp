@@ -150,51 +150,6 @@ TEST_F(FragmentationPolicy, AReleaseWaitsOnlyForTheWorkUpToTheRecordThatCoversTh
   EXPECT_TRUE(invariants());
 }
 
-// Without a growth after the free: a record made a few large frees after it
-// covers it (stream_state.hpp, "Records kept"), so a release long after the
-// free waits for the GPU to reach that record, not for everything the stream
-// queued since. GPT-2's releases take memory freed after the last growth: a
-// record made at the release itself drained the stream's queue, a few ms of
-// host wait a step (docs/pytorch.md).
-TEST_F(FragmentationPolicy, AReleaseWithNoGrowthSinceTheFreeWaitsOnARecordMadeAFewFreesLater) {
-  Config c;
-  c.reserve_slack = -1.0;  // no release at a growth: the trim releases
-  Allocator& a = make(c);
-  const StreamHandle s = new_stream();
-  auto write = [&](void* p, std::size_t n) {
-    return sim_->enqueue_access(0, s, reinterpret_cast<vmm::DevicePtr>(p), n,
-                                vmm::AccessKind::write);
-  };
-  void* hole = a.allocate(40 * kMiB, 0, s);
-  void* keep = a.allocate(4 * kMiB, 0, s);
-  void* pad = a.allocate(8 * kMiB, 0, s);
-  void* keep2 = a.allocate(4 * kMiB, 0, s);  // pad and hole never merge
-  ASSERT_EQ(stats().reserved_bytes, 56 * kMiB) << "the test expects every block in chunks of its own";
-  a.deallocate(pad, 8 * kMiB, 0, s);
-  ASSERT_EQ(write(hole, 40 * kMiB), Result::success);
-  a.deallocate(hole, 40 * kMiB, 0, s);
-  // A loop of large pairs in mapped memory: frees, no growth.
-  for (int i = 0; i < 100; ++i) {
-    void* p = a.allocate(8 * kMiB, 0, s);
-    ASSERT_EQ(p, pad) << "the test expects the pairs in pad's chunk, not in hole's";
-    a.deallocate(p, 8 * kMiB, 0, s);
-  }
-  pad = a.allocate(8 * kMiB, 0, s);  // held: only hole's chunk is idle
-  ASSERT_EQ(stats().reserved_bytes, 56 * kMiB) << "no growth in the loop";
-  ASSERT_EQ(write(keep, 4 * kMiB), Result::success);  // queued after the loop
-  ASSERT_EQ(sim_->pending_accesses(), 2u);
-  a.trim();
-  EXPECT_EQ(stats().chunks_unmapped, 1u);
-  EXPECT_EQ(stats().reserved_bytes, 16 * kMiB);
-  EXPECT_EQ(sim_->pending_accesses(), 1u)
-      << "the fence waited for keep's write too, queued long after hole's free";
-  EXPECT_EQ(sim_->race_count(), 0u);
-  a.deallocate(pad, 8 * kMiB, 0, s);
-  a.deallocate(keep, 4 * kMiB, 0, s);
-  a.deallocate(keep2, 4 * kMiB, 0, s);
-  EXPECT_TRUE(invariants());
-}
-
 // The same with the records other streams' waits make: a stream that takes
 // memory s freed makes a record on s; a fence for an older free of s waits on
 // the oldest record that covers it, not on the one a later wait made after
