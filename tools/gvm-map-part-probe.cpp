@@ -12,9 +12,14 @@
 //   1. a handle of 8 granules mapped whole (the control)
 //   2. granules 2-4 of it mapped again at another address (offset 2 granules)
 //   3. granules 0-2 of another handle mapped alone (offset 0, part of its size)
-//   4. a sub-range of a whole mapping unmapped
-// and, where 2 maps, whether a write through one address reads back through
-// the other. One GPU, a second. Exit 0 when the questions were asked, 1
+//   4. A mapped whole a second time, at another address, while its first
+//      mapping stands; then the first unmapped, the second still read
+//   5. a sub-range of a whole mapping unmapped
+// and, where 2 or 4 maps, whether a write through one address reads back
+// through the other. Question 4 is what a release could do without a host
+// wait: hand the handle to the growth at its new address while the old one is
+// still mapped, and unmap the old one later (docs/design-notes.md, "Records
+// kept"). One GPU, a second. Exit 0 when the questions were asked, 1
 // without a device (it links libcuda itself: where no driver is installed the
 // loader refuses to start it).
 //
@@ -44,6 +49,21 @@ bool same_bytes(CUdeviceptr write_at, CUdeviceptr read_at, std::size_t n, unsign
   if (cuMemcpyHtoD(write_at, in.data(), n) != CUDA_SUCCESS) return false;
   if (cuMemcpyDtoH(out.data(), read_at, n) != CUDA_SUCCESS) return false;
   return std::memcmp(in.data(), out.data(), n) == 0;
+}
+
+// Fills n bytes at `at` with value; reads_back(at, n, value) says whether
+// they still hold it.
+bool fill(CUdeviceptr at, std::size_t n, unsigned char value) {
+  std::vector<unsigned char> in(n, value);
+  return cuMemcpyHtoD(at, in.data(), n) == CUDA_SUCCESS;
+}
+
+bool reads_back(CUdeviceptr at, std::size_t n, unsigned char value) {
+  std::vector<unsigned char> out(n, 0);
+  if (cuMemcpyDtoH(out.data(), at, n) != CUDA_SUCCESS) return false;
+  for (unsigned char c : out)
+    if (c != value) return false;
+  return true;
 }
 
 }  // namespace
@@ -111,9 +131,30 @@ int main(int argc, char** argv) {
     (void)cuMemUnmap(part, 3 * g);
   }
 
-  // 4. Half of a whole mapping back.
+  // 4. A whole a second time, elsewhere, while va still maps it.
+  const CUdeviceptr twin = va + 8 * g;
+  if (whole && ask("4. map A whole again at va + 8 granules (va still maps it)",
+                   cuMemMap(twin, 8 * g, 0, a, 0)) == CUDA_SUCCESS) {
+    if (ask("   set access on it", cuMemSetAccess(twin, 8 * g, &rw, 1)) == CUDA_SUCCESS) {
+      std::printf("   a write through va + 5 granules reads back through the second mapping: %s\n",
+                  same_bytes(va + 5 * g, twin + 5 * g, g, 0xcd) ? "yes" : "no");
+      // The first mapping goes; what was written through it stays under the second.
+      const bool filled = fill(va + 6 * g, g, 0xef);
+      if (ask("   unmap the first mapping (va, whole)", cuMemUnmap(va, 8 * g)) == CUDA_SUCCESS) {
+        std::printf("   the second mapping reads what was written through the first: %s\n",
+                    filled && reads_back(twin + 6 * g, g, 0xef) ? "yes" : "no");
+        const bool back = ask("   map A at va again (for question 5)", cuMemMap(va, 8 * g, 0, a, 0)) ==
+                              CUDA_SUCCESS &&
+                          cuMemSetAccess(va, 8 * g, &rw, 1) == CUDA_SUCCESS;
+        if (!back) std::printf("   (question 5 asked without A at va)\n");
+      }
+    }
+    (void)cuMemUnmap(twin, 8 * g);
+  }
+
+  // 5. Half of a whole mapping back.
   if (whole) {
-    if (ask("4. unmap granules 2-4 of A's whole mapping", cuMemUnmap(va + 2 * g, 3 * g)) ==
+    if (ask("5. unmap granules 2-4 of A's whole mapping", cuMemUnmap(va + 2 * g, 3 * g)) ==
         CUDA_SUCCESS) {
       std::printf("   (the rest of A's mapping is left as it is)\n");
     }
