@@ -163,8 +163,15 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
     budget_.credit(bytes);
     transit(-static_cast<std::int64_t>(bytes));
   };
+  const std::size_t chunk = std::max(
+      h.kind() == Heap::Kind::scratch ? config_.scratch_chunk_bytes : config_.max_chunk_bytes,
+      kGranule);
   if (plan.release != 0 && !capture) {
     try {
+      // The release first gives back chunks whose handles this growth's
+      // chunks can take (handover_first).
+      for (const ChunkPlan& c : plan_chunks(runs, chunk, nullptr, block_end))
+        stash.wanted().push_back(c.size);
       release_for_growth(h, plan, &stash);
     } catch (...) {
       drop_kept(stash.release_all());
@@ -172,9 +179,6 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
     }
   }
   const std::size_t cap = policy_.cap();
-  const std::size_t chunk = std::max(
-      h.kind() == Heap::Kind::scratch ? config_.scratch_chunk_bytes : config_.max_chunk_bytes,
-      kGranule);
   std::vector<ChunkPlan> pieces;
   const std::size_t kept = stash.bytes();
   try {

@@ -890,10 +890,15 @@ std::size_t Heap::release_cached(std::size_t want, bool all, HandleStash* keep) 
   {
     std::lock_guard<SpinLock> guard(lock_);
     arena_.settle();  // the walks below carve merged free blocks only
-    // Which chunks go: the largest first until `want` is met. Then they are
-    // begun in address order (one walk of the region), and dropped and
+    // Which chunks go: the largest first until `want` is met, those a
+    // growth waiting for them can take first (handover_first). Then they
+    // are begun in address order (one walk of the region), and dropped and
     // ended in the order chosen.
-    const std::vector<std::uint32_t> cached = arena_.cached_chunks();
+    const std::vector<std::uint32_t> cached =
+        keep == nullptr || all
+            ? arena_.cached_chunks()
+            : handover_first(arena_.cached_chunks(), keep->wanted(), want,
+                             [&](std::uint32_t c) { return arena_.chunk_size(c); });
     const std::vector<bool> ok = arena_.releasable(cached);
     std::vector<std::uint32_t> chosen;
     std::size_t sum = 0;

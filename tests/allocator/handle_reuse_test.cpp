@@ -13,6 +13,7 @@
 #include "gvm/allocator.hpp"
 #include "gvm/errors.hpp"
 #include "gvm/vmm/sim_driver.hpp"
+#include "handle_stash.hpp"
 #include "sim_allocator_fixture.hpp"
 
 namespace gvm::test {
@@ -214,6 +215,70 @@ TEST_F(HandleReuse, AKeptHandleWhoseReleaseFailsOnceIsReleasedAllTheSame) {
   EXPECT_EQ(sim_->live_handles(), 1u);
   EXPECT_TRUE(invariants());
   a.deallocate(keep, 4 * kMiB, 0, nullptr);
+}
+
+// A release before a growth takes, among the idle chunks, first those of the
+// sizes the growth will map, so that their handles are handed over
+// (handle_stash.hpp: a cuMemRelease and a cuMemCreate saved each), as long as
+// that takes no more chunks than the largest first would. Here a 40 MiB and a
+// 20 MiB chunk are idle and a 44 MiB request grows by 20 MiB over a freed
+// 24 MiB chunk at the top: the largest first gave back the 40 MiB chunk and
+// made a new 20 MiB one; BERT inference's replay made 2,129 driver calls that
+// way, 1,948 this way, at the same peak.
+TEST_F(HandleReuse, AReleaseBeforeAGrowthGivesBackAChunkOfTheGrowthsSizeFirst) {
+  Allocator& a = make();
+  const vmm::StreamHandle s = new_stream();
+  void* big_hole = a.allocate(40 * kMiB, 0, s);
+  void* k1 = a.allocate(4 * kMiB, 0, s);
+  void* hole = a.allocate(20 * kMiB, 0, s);
+  void* k2 = a.allocate(4 * kMiB, 0, s);
+  void* top = a.allocate(24 * kMiB, 0, s);
+  ASSERT_EQ(stats().reserved_bytes, 92 * kMiB) << "the test expects every block in a chunk of its own";
+  ASSERT_EQ(stats().chunks_mapped, 5u);
+  a.deallocate(big_hole, 40 * kMiB, 0, s);
+  a.deallocate(hole, 20 * kMiB, 0, s);
+  a.deallocate(top, 24 * kMiB, 0, s);
+  const DeviceStats before = stats();
+  const std::uint64_t created = calls(Call::mem_create);
+  void* p = a.allocate(44 * kMiB, 0, s);  // over top's chunk, 20 MiB more
+  ASSERT_EQ(p, top) << "the test expects the request at the top";
+  const DeviceStats after = stats();
+  EXPECT_EQ(after.chunks_unmapped - before.chunks_unmapped, 1u);
+  EXPECT_EQ(after.chunks_reused - before.chunks_reused, 1u) << "the 20 MiB chunk's handle is handed over";
+  EXPECT_EQ(calls(Call::mem_create), created) << "no new handle";
+  EXPECT_EQ(after.reserved_bytes, 92 * kMiB) << "the 40 MiB chunk stays, idle";
+  EXPECT_EQ(after.peak_reserved_bytes, 92 * kMiB);
+  EXPECT_TRUE(device_holds_reserved());
+  EXPECT_TRUE(invariants());
+  a.deallocate(p, 44 * kMiB, 0, s);
+  a.deallocate(k1, 4 * kMiB, 0, s);
+  a.deallocate(k2, 4 * kMiB, 0, s);
+  EXPECT_TRUE(invariants());
+}
+
+// The order itself (handover_first): chunks of the growth's sizes first, each
+// size as often as the growth has it; but not where that takes more chunks
+// than the largest first to give back what is wanted, or gives back less than
+// half the bytes.
+TEST(HandoverFirst, ChunksOfTheGrowthsSizesGoFirstUnlessThatTakesMoreChunks) {
+  const std::vector<std::size_t> size{64, 40, 20, 20, 8};  // chunk i's size, MiB
+  const std::vector<std::uint32_t> largest_first{0, 1, 2, 3, 4};
+  auto size_of = [&](std::uint32_t c) { return size[c]; };
+  using V = std::vector<std::uint32_t>;
+  // One chunk either way, the 40 at least half the 64: the 40 first.
+  EXPECT_EQ(detail::handover_first(largest_first, {40}, 16, size_of), (V{1, 0, 2, 3, 4}));
+  // A size wanted twice puts two chunks of it first, a size nobody has none.
+  EXPECT_EQ(detail::handover_first(largest_first, {40, 20, 20, 12}, 16, size_of),
+            (V{1, 2, 3, 0, 4}));
+  // The 20 instead of the 64: less than half the bytes, the headroom goes.
+  EXPECT_EQ(detail::handover_first(largest_first, {20}, 16, size_of), largest_first);
+  // 30 wanted: 20 + 20 is two chunks, the 64 alone one.
+  EXPECT_EQ(detail::handover_first(largest_first, {20, 20}, 30, size_of), largest_first);
+  // 60 wanted: the largest first meets it with one chunk, 20 + 64 with two.
+  EXPECT_EQ(detail::handover_first(largest_first, {20}, 60, size_of), largest_first);
+  // No size matches, or nothing wanted: as it was.
+  EXPECT_EQ(detail::handover_first(largest_first, {12}, 16, size_of), largest_first);
+  EXPECT_EQ(detail::handover_first(largest_first, {}, 16, size_of), largest_first);
 }
 
 }  // namespace
