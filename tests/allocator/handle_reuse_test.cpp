@@ -260,7 +260,7 @@ TEST_F(HandleReuse, AReleaseBeforeAGrowthGivesBackAChunkOfTheGrowthsSizeFirst) {
 // size as often as the growth has it; but not where that takes more chunks
 // than the largest first to give back what is wanted, or gives back less than
 // half the bytes.
-TEST(HandoverFirst, ChunksOfTheGrowthsSizesGoFirstUnlessThatTakesMoreChunks) {
+TEST(HandoverFirst, ChunksOfTheGrowthsSizesGoFirstUnlessThatCostsChunksOrHeadroom) {
   const std::vector<std::size_t> size{64, 40, 20, 20, 8};  // chunk i's size, MiB
   const std::vector<std::uint32_t> largest_first{0, 1, 2, 3, 4};
   auto size_of = [&](std::uint32_t c) { return size[c]; };
