@@ -20,7 +20,8 @@
 #       tools/bench-report.py RESULTS_DIR --readme README.md --peers traces/peers.csv
 #
 # Builds (or reuses) build-gpu, Release; PyTorch's baseline is built when
-# python3 imports torch. Each step's failure is reported and the run goes on;
+# python3 imports torch, also in a build-gpu that tools/gpu-suite.sh left
+# configured without it. Each step's failure is reported and the run goes on;
 # the exit status is 1 if any step failed. Uses no network.
 set -u -o pipefail
 
@@ -59,7 +60,11 @@ step() {
 # --- build --------------------------------------------------------------------------
 TARGETS=(gvm-bench-alloc gvm-bench-mt gvm-bench-growth gvm-bench-peer gvm-replay gvm-replay-baseline)
 if [ "${GVM_BENCH_REBUILD:-0}" = 1 ] || [ ! -f "$BUILD/CMakeCache.txt" ]; then
-  step configure 300 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release
+  step configure 300 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGVM_BENCH_WITH_TORCH=ON
+elif grep -q '^GVM_BENCH_WITH_TORCH:BOOL=OFF' "$BUILD/CMakeCache.txt"; then
+  # tools/gpu-suite.sh configures build-gpu without the PyTorch baseline; reusing
+  # that cache as it is would leave every torch column of this run empty.
+  step configure 300 cmake -S "$ROOT" -B "$BUILD" -DGVM_BENCH_WITH_TORCH=ON
 fi
 if ! step build 600 cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"; then
   # The PyTorch baseline compiles against whatever torch is installed; if its
