@@ -142,7 +142,8 @@ void DeviceHeap::release_for_growth(Heap& h, const GrowthPlan& plan, HandleStash
 
 std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run>& runs,
                                                   std::size_t need, std::size_t requested,
-                                                  std::uintptr_t block_end) {
+                                                  std::uintptr_t block_end,
+                                                  const StreamState* user) {
   const bool arena = h.kind() != Heap::Kind::scratch;
   const bool capture = capturing();
   const auto live_after =
@@ -159,9 +160,16 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
   // Kept handles leave the device's accounts with their cuMemRelease,
   // whichever way this growth ends: a release that fails part-way (the cap
   // then fails the allocation with the driver's error) has kept some already.
+  // A handle handed over with its old mapping standing (Heap::settle_handovers)
+  // leaves the device only with that mapping: a growth that gives up such
+  // handles unmaps the old mappings, after a wait for their work.
+  auto settle = [&] {
+    if (stash.unfenced()) h.settle_handovers(true);
+  };
   auto drop_kept = [&](std::size_t bytes) {
     budget_.credit(bytes);
     transit(-static_cast<std::int64_t>(bytes));
+    if (bytes != 0) settle();
   };
   const std::size_t chunk = std::max(
       h.kind() == Heap::Kind::scratch ? config_.scratch_chunk_bytes : config_.max_chunk_bytes,
@@ -172,6 +180,7 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
       // chunks can take (handover_first).
       for (const ChunkPlan& c : plan_chunks(runs, chunk, nullptr, block_end))
         stash.wanted().push_back(c.size);
+      stash.set_user(user);
       release_for_growth(h, plan, &stash);
     } catch (...) {
       drop_kept(stash.release_all());
@@ -206,6 +215,7 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
     pieces.clear();  // releases the kept handles
     budget_.credit(reused);
     transit(-static_cast<std::int64_t>(reused));
+    settle();
     throw_oom(requested, capture ? kCaptureCap : "the reserved-bytes cap");
   }
   try {
@@ -216,6 +226,7 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
     pieces.clear();  // a kept handle not mapped yet goes too
     budget_.credit(need);
     transit(-static_cast<std::int64_t>(need));
+    settle();
     if (e.result() != vmm::Result::out_of_memory) throw;
     if (capture) throw_oom(requested, kCaptureDevice);
   }

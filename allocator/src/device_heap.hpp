@@ -90,10 +90,11 @@ class DeviceHeap {
   // --- services for heaps (called with no heap lock held) ---------------------
   // Physical memory for `runs` (need bytes) of heap h: the growth rules, the
   // budget, release-before-growth and the OOM retry. `block_end`: the end of
-  // the block the runs are for (plan_chunks, handle_stash.hpp). Throws
-  // out_of_memory naming `requested`, driver_error.
+  // the block the runs are for (plan_chunks, handle_stash.hpp), `user` the
+  // stream it is for. Throws out_of_memory naming `requested`, driver_error.
   std::vector<vmm::MappedChunk> map_for(Heap& h, const std::vector<Run>& runs, std::size_t need,
-                                        std::size_t requested, std::uintptr_t block_end);
+                                        std::size_t requested, std::uintptr_t block_end,
+                                        const StreamState* user);
   // Address space for a new region of h (VMM).
   vmm::ReservedRange reserve_for(Heap& h, std::size_t min_bytes, std::size_t alignment);
   // A segment for a new region of h (no VMM): *bytes in, what was allocated out.

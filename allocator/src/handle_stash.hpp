@@ -28,6 +28,8 @@
 
 namespace gvm::detail {
 
+class StreamState;
+
 class HandleStash {
  public:
   HandleStash() = default;
@@ -46,11 +48,36 @@ class HandleStash {
     bytes_ += handles_.back().size();
     return true;
   }
+  // Room for n more handles, so that the next n add() cannot fail. Throws
+  // std::bad_alloc.
+  void reserve(std::size_t n) { handles_.reserve(handles_.size() + n); }
   std::size_t bytes() const noexcept { return bytes_; }
   // The sizes of the chunks the growth will map (plan_chunks without a
   // stash), set before the release: handover_first puts idle chunks of
   // these sizes first.
   std::vector<std::size_t>& wanted() noexcept { return wanted_; }
+  // Whether the growth's chunks take a handle of each of `sizes` (each size
+  // as often as it is there): every one of them is in wanted().
+  bool takes_all(const std::vector<std::size_t>& sizes) const {
+    std::vector<std::size_t> left = wanted_;
+    for (std::size_t s : sizes) {
+      auto it = std::find(left.begin(), left.end(), s);
+      if (it == left.end()) return false;
+      left.erase(it);
+    }
+    return true;
+  }
+  // The stream the growth's block is for (DeviceHeap::map_for): a handle
+  // whose last users are all that stream's work may be mapped for it before
+  // that work is done - stream order keeps the new use behind the old one
+  // (Heap::release_cached).
+  const StreamState* user() const noexcept { return user_; }
+  void set_user(const StreamState* s) noexcept { user_ = s; }
+  // The release handed its handles over with their old mappings standing:
+  // a growth that fails releases them, and their memory goes back only with
+  // those mappings (Heap::settle_handovers).
+  bool unfenced() const noexcept { return unfenced_; }
+  void set_unfenced() noexcept { unfenced_ = true; }
   std::size_t count() const noexcept { return handles_.size(); }
   bool empty() const noexcept { return handles_.empty(); }
 
@@ -84,6 +111,8 @@ class HandleStash {
   std::vector<vmm::PhysicalChunk> handles_;
   std::size_t bytes_ = 0;
   std::vector<std::size_t> wanted_;
+  const StreamState* user_ = nullptr;
+  bool unfenced_ = false;
 };
 
 // The order in which a release before a growth takes idle chunks to give

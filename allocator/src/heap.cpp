@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <new>
 #include <string>
 
 #include "device_heap.hpp"
@@ -158,7 +159,18 @@ void Heap::map_under(Block* b, std::vector<std::uint32_t>& counted, std::size_t 
     }
     device_.tracker().fence(w);
   }
-  std::vector<vmm::MappedChunk> made = device_.map_for(*this, runs, need, requested, b->end());
+  {
+    // An old mapping left by a handover (hand_over_unfenced) goes before
+    // anything is mapped over its range: a wait for its work, if any is left.
+    std::lock_guard<std::mutex> chunks(chunks_mu_);
+    settle_handovers_locked(true, true, &runs);
+    if (overlaps_handover(runs))  // only during a capture, which forbids the wait
+      device_.throw_oom(requested, "a CUDA graph capture: the address range it would map still "
+                                   "holds an old mapping whose work the capture forbids waiting "
+                                   "for");
+  }
+  std::vector<vmm::MappedChunk> made =
+      device_.map_for(*this, runs, need, requested, b->end(), b->stream);
   {
     std::lock_guard<SpinLock> guard(lock_);
     for (auto& m : made) counted.push_back(arena_.install_chunk(std::move(m), 1));  // counts b
@@ -885,6 +897,9 @@ std::size_t Heap::reclaim_spans() {
 
 std::size_t Heap::release_cached(std::size_t want, bool all, HandleStash* keep) {
   std::lock_guard<std::mutex> chunks(chunks_mu_);
+  // Old mappings left by handovers before: gone if their work is done; a
+  // release of everything (a trim, the out-of-memory path) waits for them.
+  settle_handovers_locked(all, true);
   std::vector<LargeArena::Release> picked;
   WaitSet waits;
   {
@@ -929,15 +944,27 @@ std::size_t Heap::release_cached(std::size_t want, bool all, HandleStash* keep) 
     for (int i = 0; i < waits.size(); ++i)
       waits.add_overflow(WaitSet::device_bit(waits[i].stream->device()));
   }
+  if (const std::size_t handed = hand_over_unfenced(picked, waits, keep); handed != 0)
+    return handed;
   // The fence: every stream whose work may still touch the chunks. They are
   // carved out of the free set, so nothing is handed out from them meanwhile,
-  // and no lock is held while the host waits.
+  // and no lock is held while the host waits. It covers the old mappings
+  // left by earlier handovers too: a handle released below may be one of
+  // theirs, and its memory goes back only with its last mapping.
+  for (const Handover& h : handovers_) waits.merge(h.waits);
   bool fenced = true;
   if (!waits.empty()) device_.count_fence();
   try {
     device_.tracker().fence(waits);
   } catch (const vmm::DriverError&) {
     fenced = false;
+  }
+  if (fenced) {
+    for (Handover& h : handovers_) h.waits.clear();
+    try {
+      settle_handovers_locked(false, false);
+    } catch (const vmm::DriverError&) {  // no wait left to fail
+    }
   }
   std::size_t dropped = 0;
   vmm::Result failure = vmm::Result::success;
@@ -976,7 +1003,127 @@ std::size_t Heap::release_cached(std::size_t want, bool all, HandleStash* keep) 
   return dropped;
 }
 
+// Handed over before the work is done (docs/design-notes.md). A release
+// before a growth unmaps its chunks only after a host wait for the work that
+// may still read them: the fence. When every chunk it picked goes to the
+// growth (their sizes are the growth's: handle_stash.hpp), and that work is
+// all queued on the stream the growth's block is for, the wait buys nothing
+// for the new block - its user's next work runs after the old work in stream
+// order, as a caching allocator's reuse of a block does - and is needed only
+// before the old addresses are unmapped. So the handles go to the growth at
+// once, mapped a second time at their new addresses while the old mappings
+// stand (the driver allows a handle at two addresses: docs/measurements.md,
+// "Mapping part of a handle"), and the old mappings are unmapped later, when
+// a query sees a record made now done, or after a wait in a release of
+// everything or a fence of a later release. The arena counts their ranges
+// free and unmapped at once, as an unmap would leave them (the same layout,
+// the same ratios); a growth over one waits for its work and unmaps it first
+// (map_under). Their bytes are the growth's: one handle, one charge.
+std::size_t Heap::hand_over_unfenced(std::vector<LargeArena::Release>& picked,
+                                     const WaitSet& waits, HandleStash* keep) {
+  if (keep == nullptr || kind_ != Kind::stream || !arena_.on_demand() || keep->user() == nullptr ||
+      !waits.only(keep->user()) || !device_.tracker().fence_enabled() || device_.capturing())
+    return 0;
+  WaitSet pending = waits;
+  pending.drop_finished();
+  if (pending.empty()) return 0;  // the fence would not wait: unmap now
+  std::vector<std::size_t> sizes;
+  sizes.reserve(picked.size());
+  for (const LargeArena::Release& r : picked) sizes.push_back(r.size);
+  if (!keep->takes_all(sizes)) return 0;
+  try {
+    // Room first: past this point nothing may fail, or a handle would be
+    // released while its old mapping stands.
+    handovers_.reserve(handovers_.size() + picked.size());
+    keep->reserve(picked.size());
+    // A record now, which a later query can see done (the frees' token may
+    // have none after it yet).
+    device_.tracker().cover_now(pending);
+  } catch (...) {
+    return 0;  // the fenced way
+  }
+  std::size_t handed = 0;
+  for (LargeArena::Release& r : picked) {
+    Handover h;
+    vmm::PhysicalChunk handle;
+    {
+      std::lock_guard<SpinLock> guard(lock_);
+      arena_.hand_over(r, &handle, &h.old);
+      mapped_.store(arena_.mapped_bytes(), std::memory_order_relaxed);
+    }
+    const std::size_t size = r.size;
+    device_.transit(static_cast<std::int64_t>(size));  // gone here, not yet credited
+    h.waits = pending;
+    handovers_.push_back(std::move(h));  // room reserved above
+    (void)keep->add(std::move(handle));   // room reserved above
+    handed += size;
+  }
+  keep->set_unfenced();
+  return handed;
+}
+
+void Heap::settle_handovers(bool wait) noexcept {
+  std::lock_guard<std::mutex> chunks(chunks_mu_);
+  try {
+    settle_handovers_locked(wait, true);
+  } catch (const vmm::DriverError&) {  // left for a later release or the teardown
+  } catch (const std::bad_alloc&) {
+  }
+}
+
+void Heap::settle_handovers_locked(bool wait, bool poll, const std::vector<Run>* over) {
+  if (handovers_.empty()) return;
+  auto must_wait = [&](const Handover& h) {
+    if (!wait || h.waits.empty()) return false;
+    if (over == nullptr) return true;
+    const std::uintptr_t lo = h.old.addr(), hi = lo + h.old.size();
+    for (const Run& r : *over)
+      if (r.first < hi && lo < r.first + r.second) return true;
+    return false;
+  };
+  bool waiting = false;
+  for (Handover& h : handovers_) {
+    h.waits.drop_finished();
+    waiting |= !h.waits.empty();
+  }
+  if (waiting && !device_.capturing()) {  // a capture forbids queries and waits
+    AccessTracker& tracker = device_.tracker();
+    if (poll && tracker.poll(device()) != 0)
+      for (Handover& h : handovers_) h.waits.drop_finished();
+    WaitSet w;
+    for (const Handover& h : handovers_)
+      if (must_wait(h)) w.merge(h.waits);
+    if (!w.empty()) {
+      tracker.fence(w);  // throws: nothing changed
+      for (Handover& h : handovers_)
+        if (must_wait(h)) h.waits.clear();
+    }
+  }
+  std::vector<Handover> left;
+  left.reserve(handovers_.size());
+  for (Handover& h : handovers_) {
+    // An unmap the driver refuses leaves the mapping here, for a later try.
+    if (!h.waits.empty() || h.old.reset() != vmm::Result::success) left.push_back(std::move(h));
+  }
+  handovers_ = std::move(left);
+}
+
+bool Heap::overlaps_handover(const std::vector<Run>& runs) const {
+  for (const Handover& h : handovers_) {
+    const std::uintptr_t lo = h.old.addr(), hi = lo + h.old.size();
+    for (const Run& r : runs)
+      if (r.first < hi && lo < r.first + r.second) return true;
+  }
+  return false;
+}
+
 void Heap::drop_unused_regions() {
+  {
+    // A region goes back with cuMemAddressFree, which a mapping inside refuses.
+    std::lock_guard<std::mutex> chunks(chunks_mu_);
+    settle_handovers_locked(true, true);
+    if (!handovers_.empty()) return;  // a capture, or a wait that failed: later
+  }
   std::lock_guard<SpinLock> guard(lock_);
   (void)arena_.drop_unused_regions();
 }

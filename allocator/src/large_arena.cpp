@@ -675,6 +675,11 @@ vmm::Result LargeArena::drop(Release& r, vmm::PhysicalChunk* keep) noexcept {
   return driver_.mem_free(device_, r.segment);
 }
 
+void LargeArena::hand_over(Release& r, vmm::PhysicalChunk* handle, vmm::Mapping* mapping) {
+  r.mem.detach(handle, mapping);
+  end_release(r, true);
+}
+
 void LargeArena::end_release(Release& rel, bool dropped) {
   const std::uint32_t idx = rel.chunk;
   ChunkRec& c = chunks_[idx];

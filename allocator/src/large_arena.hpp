@@ -226,6 +226,13 @@ class LargeArena {
   // After drop: on success the range is free and unmapped (no waits); on
   // failure it is free again as it was and the chunk stays mapped.
   void end_release(Release& r, bool dropped);
+  // Instead of drop and end_release, for a handle that its growth maps again
+  // elsewhere before the work queued on this range is known finished (VMM
+  // only; Heap::hand_over_unfenced): the handle goes to *handle and the
+  // mapping, still standing, to *mapping, and the arena ends the release as
+  // if it had been unmapped - the range free and unmapped in its books. The
+  // caller unmaps *mapping before anything maps that range again.
+  void hand_over(Release& r, vmm::PhysicalChunk* handle, vmm::Mapping* mapping);
 
   // Counters for stats.
   std::uint64_t chunks_mapped() const noexcept { return chunks_mapped_; }

@@ -198,6 +198,15 @@ class MappedChunk {
   // mapped again elsewhere (a release before a growth hands its chunks to
   // the growth, docs/design-notes.md).
   Result unmap_keep(PhysicalChunk* out) noexcept;
+  // No driver call: the handle moves to *handle and the mapping, still
+  // standing, to *mapping (both empty before); this owner is empty. For a
+  // handle mapped a second time elsewhere before its old address is
+  // unmapped, which the driver allows (docs/measurements.md, "Mapping part
+  // of a handle"): the caller unmaps *mapping once nothing reads it.
+  void detach(PhysicalChunk* handle, Mapping* mapping) noexcept {
+    *handle = std::move(chunk_);
+    *mapping = std::move(mapping_);
+  }
 
  private:
   PhysicalChunk chunk_;  // declared first: destroyed after the mapping
