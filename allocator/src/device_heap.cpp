@@ -160,16 +160,19 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
   // Kept handles leave the device's accounts with their cuMemRelease,
   // whichever way this growth ends: a release that fails part-way (the cap
   // then fails the allocation with the driver's error) has kept some already.
-  // A handle handed over with its old mapping standing (Heap::settle_handovers)
+  // A handle handed over with its old mapping standing (Heap::hand_over_unfenced)
   // leaves the device only with that mapping: a growth that gives up such
-  // handles unmaps the old mappings, after a wait for their work.
-  auto settle = [&] {
-    if (stash.unfenced()) h.settle_handovers(true);
+  // handles unmaps the old mappings first, after a wait for their work; what
+  // still stands (a driver fault) stays charged and in transit until it goes.
+  // Returns the bytes of `bytes` to credit now.
+  auto give_up = [&](std::size_t bytes) {
+    const std::size_t owed = stash.unfenced() ? h.give_up_handovers(stash.unfenced_handles()) : 0;
+    return bytes - std::min(bytes, owed);
   };
   auto drop_kept = [&](std::size_t bytes) {
-    budget_.credit(bytes);
-    transit(-static_cast<std::int64_t>(bytes));
-    if (bytes != 0) settle();
+    const std::size_t gone = bytes != 0 ? give_up(bytes) : 0;
+    budget_.credit(gone);
+    transit(-static_cast<std::int64_t>(gone));
   };
   const std::size_t chunk = std::max(
       h.kind() == Heap::Kind::scratch ? config_.scratch_chunk_bytes : config_.max_chunk_bytes,
@@ -203,8 +206,12 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
     kept_handles += c.reused.empty() ? 0 : 1;
   }
   // What no chunk took goes before any new chunk is made: the device never
-  // holds more than the release and the growth leave.
-  drop_kept(stash.release_all());
+  // holds more than the release and the growth leave. (A release hands over
+  // without a wait only handles that every one a chunk takes: takes_all.)
+  if (const std::size_t left = stash.release_all(); left != 0) {
+    budget_.credit(left);
+    transit(-static_cast<std::int64_t>(left));
+  }
   // In transit (before the charge: the checker reads the budget, then this)
   // until the heap installs the chunks (Heap::map_under); the kept handles
   // are charged and in transit already.
@@ -213,9 +220,9 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
   if (!budget_.charge(fresh, cap)) {
     transit(-static_cast<std::int64_t>(fresh));
     pieces.clear();  // releases the kept handles
-    budget_.credit(reused);
-    transit(-static_cast<std::int64_t>(reused));
-    settle();
+    const std::size_t gone = give_up(reused);
+    budget_.credit(gone);
+    transit(-static_cast<std::int64_t>(gone));
     throw_oom(requested, capture ? kCaptureCap : "the reserved-bytes cap");
   }
   try {
@@ -224,9 +231,9 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
     return made;
   } catch (const vmm::DriverError& e) {
     pieces.clear();  // a kept handle not mapped yet goes too
-    budget_.credit(need);
-    transit(-static_cast<std::int64_t>(need));
-    settle();
+    const std::size_t gone = give_up(need);
+    budget_.credit(gone);
+    transit(-static_cast<std::int64_t>(gone));
     if (e.result() != vmm::Result::out_of_memory) throw;
     if (capture) throw_oom(requested, kCaptureDevice);
   }

@@ -48,9 +48,6 @@ class HandleStash {
     bytes_ += handles_.back().size();
     return true;
   }
-  // Room for n more handles, so that the next n add() cannot fail. Throws
-  // std::bad_alloc.
-  void reserve(std::size_t n) { handles_.reserve(handles_.size() + n); }
   std::size_t bytes() const noexcept { return bytes_; }
   // The sizes of the chunks the growth will map (plan_chunks without a
   // stash), set before the release: handover_first puts idle chunks of
@@ -76,8 +73,16 @@ class HandleStash {
   // The release handed its handles over with their old mappings standing:
   // a growth that fails releases them, and their memory goes back only with
   // those mappings (Heap::settle_handovers).
-  bool unfenced() const noexcept { return unfenced_; }
-  void set_unfenced() noexcept { unfenced_ = true; }
+  bool unfenced() const noexcept { return !unfenced_.empty(); }
+  // The handles it handed over so (their ids), for Heap::give_up_handovers.
+  const std::vector<vmm::PhysHandle>& unfenced_handles() const noexcept { return unfenced_; }
+  // Room for n more of each (so that the next n add() and note_unfenced()
+  // cannot fail). Throws std::bad_alloc.
+  void reserve_unfenced(std::size_t n) {
+    handles_.reserve(handles_.size() + n);
+    unfenced_.reserve(unfenced_.size() + n);
+  }
+  void note_unfenced(vmm::PhysHandle h) noexcept { unfenced_.push_back(h); }
   std::size_t count() const noexcept { return handles_.size(); }
   bool empty() const noexcept { return handles_.empty(); }
 
@@ -112,7 +117,7 @@ class HandleStash {
   std::size_t bytes_ = 0;
   std::vector<std::size_t> wanted_;
   const StreamState* user_ = nullptr;
-  bool unfenced_ = false;
+  std::vector<vmm::PhysHandle> unfenced_;
 };
 
 // The order in which a release before a growth takes idle chunks to give

@@ -970,8 +970,13 @@ std::size_t Heap::release_cached(std::size_t want, bool all, HandleStash* keep) 
   vmm::Result failure = vmm::Result::success;
   for (LargeArena::Release& r : picked) {
     vmm::PhysicalChunk kept;
-    const vmm::Result res =
-        fenced ? arena_.drop(r, keep != nullptr ? &kept : nullptr) : vmm::Result::unknown;
+    // A handle whose old mapping still stands (its unmap failed) is not
+    // released: its memory would stay while the budget said it went. Its
+    // chunk stays mapped until that mapping goes.
+    const bool held = keep == nullptr && arena_.on_demand() && has_old_mapping(r.mem.handle());
+    const vmm::Result res = fenced && !held
+                                ? arena_.drop(r, keep != nullptr ? &kept : nullptr)
+                                : vmm::Result::unknown;
     const std::size_t size = r.size;
     const bool ok = res == vmm::Result::success;
     if (ok) device_.transit(static_cast<std::int64_t>(size));  // gone here, not yet credited
@@ -987,11 +992,14 @@ std::size_t Heap::release_cached(std::size_t want, bool all, HandleStash* keep) 
       // released now (drop did, or here when it could not be kept).
       const bool for_growth = !kept.empty() && keep->add(std::move(kept));
       if (!for_growth) {
+        const bool owed = owe_to_old_mapping(kept.get());
         (void)kept.reset();  // cuMemRelease (an empty one does nothing)
-        device_.credit(size);
-        device_.transit(-static_cast<std::int64_t>(size));
+        if (!owed) {
+          device_.credit(size);
+          device_.transit(-static_cast<std::int64_t>(size));
+        }
       }
-    } else if (failure == vmm::Result::success) {
+    } else if (failure == vmm::Result::success && !held) {
       failure = res;
     }
   }
@@ -1035,7 +1043,7 @@ std::size_t Heap::hand_over_unfenced(std::vector<LargeArena::Release>& picked,
     // Room first: past this point nothing may fail, or a handle would be
     // released while its old mapping stands.
     handovers_.reserve(handovers_.size() + picked.size());
-    keep->reserve(picked.size());
+    keep->reserve_unfenced(picked.size());
     // A record now, which a later query can see done (the frees' token may
     // have none after it yet).
     device_.tracker().cover_now(pending);
@@ -1054,11 +1062,12 @@ std::size_t Heap::hand_over_unfenced(std::vector<LargeArena::Release>& picked,
     const std::size_t size = r.size;
     device_.transit(static_cast<std::int64_t>(size));  // gone here, not yet credited
     h.waits = pending;
+    h.handle = handle.get();
+    keep->note_unfenced(handle.get());   // room reserved above
     handovers_.push_back(std::move(h));  // room reserved above
-    (void)keep->add(std::move(handle));   // room reserved above
+    (void)keep->add(std::move(handle));  // room reserved above
     handed += size;
   }
-  keep->set_unfenced();
   return handed;
 }
 
@@ -1102,10 +1111,46 @@ void Heap::settle_handovers_locked(bool wait, bool poll, const std::vector<Run>*
   std::vector<Handover> left;
   left.reserve(handovers_.size());
   for (Handover& h : handovers_) {
+    const std::size_t size = h.old.size();
     // An unmap the driver refuses leaves the mapping here, for a later try.
-    if (!h.waits.empty() || h.old.reset() != vmm::Result::success) left.push_back(std::move(h));
+    if (!h.waits.empty() || h.old.reset() != vmm::Result::success) {
+      left.push_back(std::move(h));
+    } else if (h.owed) {  // its handle went before it: the memory goes now
+      device_.credit(size);
+      device_.transit(-static_cast<std::int64_t>(size));
+    }
   }
   handovers_ = std::move(left);
+}
+
+bool Heap::has_old_mapping(vmm::PhysHandle handle) const noexcept {
+  for (const Handover& h : handovers_)
+    if (h.handle == handle) return true;
+  return false;
+}
+
+bool Heap::owe_to_old_mapping(vmm::PhysHandle handle) noexcept {
+  if (handle == 0) return false;
+  for (Handover& h : handovers_)
+    if (h.handle == handle && !h.owed) return h.owed = true;
+  return false;
+}
+
+std::size_t Heap::give_up_handovers(const std::vector<vmm::PhysHandle>& handles) noexcept {
+  std::lock_guard<std::mutex> chunks(chunks_mu_);
+  try {
+    settle_handovers_locked(true, true);
+  } catch (...) {  // a wait that failed: those still standing are owed below
+  }
+  std::size_t owed = 0;
+  for (vmm::PhysHandle handle : handles)
+    for (Handover& h : handovers_)
+      if (h.handle == handle && !h.owed) {
+        h.owed = true;
+        owed += h.old.size();
+        break;
+      }
+  return owed;
 }
 
 bool Heap::overlaps_handover(const std::vector<Run>& runs) const {

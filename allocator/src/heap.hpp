@@ -202,6 +202,11 @@ class Heap {
   // growth that failed after such a handover calls, once its handles are
   // released: their memory goes back with the old mappings.
   void settle_handovers(bool wait) noexcept;
+  // A growth that took the handles `handles` from hand_over_unfenced failed
+  // and releases them: their old mappings are settled first (with a wait);
+  // returns the bytes of those that still stand (a driver fault), which
+  // stay charged and in transit until they go - the caller credits the rest.
+  std::size_t give_up_handovers(const std::vector<vmm::PhysHandle>& handles) noexcept;
   // Unused spans back to the large arena; how many.
   std::size_t reclaim_spans();
   void drop_unused_regions();
@@ -346,7 +351,19 @@ class Heap {
   struct Handover {
     vmm::Mapping old;
     WaitSet waits;
+    vmm::PhysHandle handle = 0;  // which handle it maps (the growth owns it)
+    // The handle was released while this mapping stood (a growth that
+    // failed, give_up_handovers): its memory is still the device's, charged
+    // and in transit until this mapping goes.
+    bool owed = false;
   };
+  // A handle another mapping of which still stands (release_cached keeps its
+  // chunk mapped rather than release it). chunks_mu_ held.
+  bool has_old_mapping(vmm::PhysHandle h) const noexcept;
+  // The handle h is released while an old mapping of it stands: that mapping
+  // is marked owed (true), and the caller leaves h's bytes charged and in
+  // transit. chunks_mu_ held.
+  bool owe_to_old_mapping(vmm::PhysHandle h) noexcept;
   std::vector<Handover> handovers_;
   SmallBlocks small_;
   // Lent granules whose spans went unused, to go home with lock_ released.

@@ -189,5 +189,45 @@ TEST_F(UnfencedHandover, AGrowthThatFailsAfterTheHandoverGivesTheMemoryBack) {
   EXPECT_TRUE(invariants());
 }
 
+// An old mapping whose unmap the driver refuses stays, and the handle it
+// maps is not released under it: a trim then keeps that chunk mapped and
+// counted (found by the fuzzer: the device held 2 MiB the allocator no
+// longer counted). The next trim, with the driver working, returns both.
+TEST_F(UnfencedHandover, AHandleIsNotReleasedWhileAnOldMappingOfItStands) {
+  Allocator& a = make_small_chunks();
+  void* hole = nullptr;
+  void* keep = keep_behind_a_read_hole(a, nullptr, &hole);
+  void* big = a.allocate(60 * kMiB, 0, nullptr);
+  ASSERT_EQ(stats().fences, 0u);
+  sim_->complete_all();
+  a.deallocate(big, 60 * kMiB, 0, nullptr);
+  // The trim unmaps the five old mappings first (the first refused), after
+  // its fence tries the refused one again (the sixth unmap, refused too),
+  // then releases the idle chunks (the handle of that mapping is one of
+  // them) and, before giving address space back, tries that mapping once
+  // more: refused every time from the 14th unmap on, so that it stands when
+  // the trim ends.
+  sim_->fail_call(Call::mem_unmap, 1, Result::unknown);
+  sim_->fail_call(Call::mem_unmap, 6, Result::unknown);
+  for (int n = 14; n <= 16; ++n) sim_->fail_call(Call::mem_unmap, n, Result::unknown);
+  try {
+    a.trim(0);
+  } catch (const vmm::DriverError&) {
+  }
+  sim_->clear_faults();
+  EXPECT_TRUE(context_alive());
+  EXPECT_TRUE(device_holds_reserved());
+  EXPECT_TRUE(invariants());
+  EXPECT_GE(stats().reserved_bytes, 4 * kMiB + 8 * kMiB) << "the chunk of the standing mapping";
+  a.trim(0);
+  EXPECT_EQ(stats().reserved_bytes, 4 * kMiB);
+  EXPECT_TRUE(device_holds_reserved());
+  a.deallocate(keep, 4 * kMiB, 0, nullptr);
+  a.trim(0);
+  EXPECT_EQ(sim_->live_mappings(), 0u);
+  EXPECT_EQ(sim_->live_handles(), 0u);
+  EXPECT_TRUE(invariants());
+}
+
 }  // namespace
 }  // namespace gvm::test
