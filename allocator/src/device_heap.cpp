@@ -183,7 +183,7 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
       // chunks can take (handover_first).
       for (const ChunkPlan& c : plan_chunks(runs, chunk, nullptr, block_end))
         stash.wanted().push_back(c.size);
-      stash.set_user(user);
+      stash.set_user(user, &h);
       release_for_growth(h, plan, &stash);
     } catch (...) {
       drop_kept(stash.release_all());

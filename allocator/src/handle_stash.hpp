@@ -55,8 +55,14 @@ class HandleStash {
   std::vector<std::size_t>& wanted() noexcept { return wanted_; }
   // Whether the growth's chunks take a handle of each of `sizes` (each size
   // as often as it is there): every one of them is in wanted().
+  // Handles already kept (an earlier heap's release for the same growth)
+  // take their sizes first.
   bool takes_all(const std::vector<std::size_t>& sizes) const {
     std::vector<std::size_t> left = wanted_;
+    for (const vmm::PhysicalChunk& h : handles_) {
+      auto it = std::find(left.begin(), left.end(), h.size());
+      if (it != left.end()) left.erase(it);
+    }
     for (std::size_t s : sizes) {
       auto it = std::find(left.begin(), left.end(), s);
       if (it == left.end()) return false;
@@ -69,7 +75,12 @@ class HandleStash {
   // that work is done - stream order keeps the new use behind the old one
   // (Heap::release_cached).
   const StreamState* user() const noexcept { return user_; }
-  void set_user(const StreamState* s) noexcept { user_ = s; }
+  // ... and the heap that grows (the handles are mapped there).
+  const void* heap() const noexcept { return heap_; }
+  void set_user(const StreamState* s, const void* heap) noexcept {
+    user_ = s;
+    heap_ = heap;
+  }
   // The release handed its handles over with their old mappings standing:
   // a growth that fails releases them, and their memory goes back only with
   // those mappings (Heap::settle_handovers).
@@ -117,6 +128,7 @@ class HandleStash {
   std::size_t bytes_ = 0;
   std::vector<std::size_t> wanted_;
   const StreamState* user_ = nullptr;
+  const void* heap_ = nullptr;
   std::vector<vmm::PhysHandle> unfenced_;
 };
 

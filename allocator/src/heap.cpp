@@ -970,10 +970,11 @@ std::size_t Heap::release_cached(std::size_t want, bool all, HandleStash* keep) 
   vmm::Result failure = vmm::Result::success;
   for (LargeArena::Release& r : picked) {
     vmm::PhysicalChunk kept;
-    // A handle whose old mapping still stands (its unmap failed) is not
-    // released: its memory would stay while the budget said it went. Its
-    // chunk stays mapped until that mapping goes.
-    const bool held = keep == nullptr && arena_.on_demand() && has_old_mapping(r.mem.handle());
+    // A handle whose old mapping still stands (its unmap failed) is neither
+    // released - its memory would stay while the budget said it went - nor
+    // kept for the growth, which may leave it to be released. Its chunk
+    // stays mapped until that mapping goes.
+    const bool held = arena_.on_demand() && has_old_mapping(r.mem.handle());
     const vmm::Result res = fenced && !held
                                 ? arena_.drop(r, keep != nullptr ? &kept : nullptr)
                                 : vmm::Result::unknown;
@@ -1029,8 +1030,11 @@ std::size_t Heap::release_cached(std::size_t want, bool all, HandleStash* keep) 
 // (map_under). Their bytes are the growth's: one handle, one charge.
 std::size_t Heap::hand_over_unfenced(std::vector<LargeArena::Release>& picked,
                                      const WaitSet& waits, HandleStash* keep) {
-  if (keep == nullptr || kind_ != Kind::stream || !arena_.on_demand() || keep->user() == nullptr ||
-      !waits.only(keep->user()) || !device_.tracker().fence_enabled() || device_.capturing())
+  // This heap's own growth only: another heap's release of the handle
+  // later would not see the old mapping standing here.
+  if (keep == nullptr || keep->heap() != this || kind_ != Kind::stream || !arena_.on_demand() ||
+      keep->user() == nullptr || !waits.only(keep->user()) ||
+      !device_.tracker().fence_enabled() || device_.capturing())
     return 0;
   WaitSet pending = waits;
   pending.drop_finished();

@@ -189,6 +189,34 @@ TEST_F(UnfencedHandover, AGrowthThatFailsAfterTheHandoverGivesTheMemoryBack) {
   EXPECT_TRUE(invariants());
 }
 
+// A release for another heap's growth (here the peer scratch's) waits as
+// before: the handles would be mapped in that heap, whose later release of
+// them could not see the old mappings standing in this one (found by the
+// fuzzer: the device held 2 MiB the allocator did not count).
+TEST_F(UnfencedHandover, AReleaseForAnotherHeapsGrowthWaits) {
+  Config c;
+  c.max_chunk_bytes = 8 * kMiB;
+  c.scratch_chunk_bytes = 8 * kMiB;  // the scratch's chunks take the hole's handles
+  c.max_reserved_bytes = 48 * kMiB;  // the cap makes the hole go for the scratch
+  Allocator& a = make(c);
+  void* hole = nullptr;
+  void* keep = keep_behind_a_read_hole(a, nullptr, &hole);
+  const DeviceStats before = stats();
+  void* scratch = a.scratch_allocate(40 * kMiB, 0, nullptr);
+  EXPECT_TRUE(context_alive());
+  EXPECT_EQ(stats().fences, before.fences + 1);
+  EXPECT_EQ(stats().chunks_reused, before.chunks_reused + 5);
+  EXPECT_EQ(sim_->pending_accesses(), 0u);
+  EXPECT_TRUE(device_holds_reserved());
+  EXPECT_TRUE(invariants());
+  a.deallocate(scratch, 40 * kMiB, 0, nullptr);
+  a.deallocate(keep, 4 * kMiB, 0, nullptr);
+  a.trim(0);
+  EXPECT_TRUE(device_holds_reserved());
+  EXPECT_EQ(sim_->live_mappings(), 0u);
+  EXPECT_TRUE(invariants());
+}
+
 // An old mapping whose unmap the driver refuses stays, and the handle it
 // maps is not released under it: a trim then keeps that chunk mapped and
 // counted (found by the fuzzer: the device held 2 MiB the allocator no
