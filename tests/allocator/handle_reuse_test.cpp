@@ -35,14 +35,6 @@ class HandleReuse : public SimAllocatorFixture {
     c.max_reserved_bytes = cap;
     return make(c);
   }
-  std::uint64_t calls(Call c) const { return sim_->call_count(c); }
-  // What the allocator counts as reserved is what the device holds.
-  ::testing::AssertionResult device_holds_reserved() const {
-    const std::size_t held = sim_->physical_used(0), reserved = stats().reserved_bytes;
-    if (held == reserved) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure()
-           << "the device holds " << held << " bytes, the allocator reserves " << reserved;
-  }
   // The setting of every case: 4 MiB kept live behind a freed 40 MiB hole
   // (with make_small_chunks, five wholly free 8 MiB chunks); returns the
   // 4 MiB block.

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +40,15 @@ class SimAllocatorFixture : public ::testing::Test {
     return s;
   }
   DeviceStats stats() const { return alloc_->device_stats(0); }
+  // How often the simulated driver was asked for `c` so far.
+  std::uint64_t calls(vmm::Call c) const { return sim_->call_count(c); }
+  // What the allocator counts as reserved is what device 0 holds.
+  ::testing::AssertionResult device_holds_reserved() const {
+    const std::size_t held = sim_->physical_used(0), reserved = stats().reserved_bytes;
+    if (held == reserved) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure()
+           << "the device holds " << held << " bytes, the allocator reserves " << reserved;
+  }
   // The allocator's invariant checker, with its reason on failure.
   ::testing::AssertionResult invariants() const {
     std::string why;

@@ -37,16 +37,10 @@ class UnfencedHandover : public SimAllocatorFixture {
     c.max_reserved_bytes = cap;
     return make(c);
   }
-  std::uint64_t calls(Call c) const { return sim_->call_count(c); }
-  ::testing::AssertionResult device_holds_reserved() const {
-    const std::size_t held = sim_->physical_used(0), reserved = stats().reserved_bytes;
-    if (held == reserved) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure()
-           << "the device holds " << held << " bytes, the allocator reserves " << reserved;
-  }
   ::testing::AssertionResult context_alive() const {
     if (sim_->sticky_error() == Result::success) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure() << "the context died: " << vmm::result_name(sim_->sticky_error());
+    return ::testing::AssertionFailure()
+           << "the context died: " << vmm::result_name(sim_->sticky_error());
   }
   // 4 MiB kept live behind a 40 MiB hole that a kernel on `reader` still
   // reads (queued, not done) when the hole is freed on the legacy stream.
