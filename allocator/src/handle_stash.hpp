@@ -81,11 +81,11 @@ class HandleStash {
     user_ = s;
     heap_ = heap;
   }
-  // The release handed its handles over with their old mappings standing:
-  // a growth that fails releases them, and their memory goes back only with
-  // those mappings (Heap::settle_handovers).
+  // A release handed handles over with their old mappings standing: a
+  // growth that fails releases them, and their memory goes back only with
+  // those mappings (Heap::give_up_handovers).
   bool unfenced() const noexcept { return !unfenced_.empty(); }
-  // The handles it handed over so (their ids), for Heap::give_up_handovers.
+  // The ids of the handles handed over that way.
   const std::vector<vmm::PhysHandle>& unfenced_handles() const noexcept { return unfenced_; }
   // Room for n more of each (so that the next n add() and note_unfenced()
   // cannot fail). Throws std::bad_alloc.

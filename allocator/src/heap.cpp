@@ -1075,15 +1075,6 @@ std::size_t Heap::hand_over_unfenced(std::vector<LargeArena::Release>& picked,
   return handed;
 }
 
-void Heap::settle_handovers(bool wait) noexcept {
-  std::lock_guard<std::mutex> chunks(chunks_mu_);
-  try {
-    settle_handovers_locked(wait, true);
-  } catch (const vmm::DriverError&) {  // left for a later release or the teardown
-  } catch (const std::bad_alloc&) {
-  }
-}
-
 void Heap::settle_handovers_locked(bool wait, bool poll, const std::vector<Run>* over) {
   if (handovers_.empty()) return;
   auto must_wait = [&](const Handover& h) {

@@ -196,12 +196,6 @@ class Heap {
   // charged to the device and in transit (a growth maps them again,
   // DeviceHeap::map_for); without it they are released.
   std::size_t release_cached(std::size_t want, bool all, HandleStash* keep = nullptr);
-  // The old mappings of handles handed over with no host wait (release_cached,
-  // "Handed over before the work is done" in docs/design-notes.md): unmapped
-  // now if their work is done, or after a host wait for it (wait). What a
-  // growth that failed after such a handover calls, once its handles are
-  // released: their memory goes back with the old mappings.
-  void settle_handovers(bool wait) noexcept;
   // A growth that took the handles `handles` from hand_over_unfenced failed
   // and releases them: their old mappings are settled first (with a wait);
   // returns the bytes of those that still stand (a driver fault), which
@@ -314,10 +308,12 @@ class Heap {
   // (returns the bytes handed over; 0, changing nothing, when it may not).
   std::size_t hand_over_unfenced(std::vector<LargeArena::Release>& picked, const WaitSet& waits,
                                  HandleStash* keep);
-  // settle_handovers with chunks_mu_ held; `poll`: ask the driver which
-  // streams' work finished first; `over`: wait only for the old mappings
-  // that overlap these runs (a growth about to map them). Throws DriverError
-  // when the wait fails (nothing changed).
+  // The old mappings of handles handed over with no host wait ("Handed over
+  // before the work is done" in docs/design-notes.md): unmapped now if their
+  // work is known finished, or after a host wait for it (wait). chunks_mu_
+  // held; `poll`: ask the driver which streams' work finished first; `over`:
+  // wait only for the old mappings that overlap these runs (a growth about to
+  // map them). Throws DriverError when the wait fails (nothing changed).
   void settle_handovers_locked(bool wait, bool poll, const std::vector<Run>* over = nullptr);
   // An old mapping of a handover lies over part of `runs` (chunks_mu_ held).
   bool overlaps_handover(const std::vector<Run>& runs) const;
@@ -345,7 +341,7 @@ class Heap {
   // Old mappings of handles handed over to a growth before the work queued
   // on them was known finished (hand_over_unfenced): the arena counts their
   // ranges free and unmapped already; each is unmapped once `waits` is known
-  // finished, and before anything maps its range again (settle_handovers).
+  // finished, and before anything maps its range again (settle_handovers_locked).
   // Under chunks_mu_. Destroyed before the arena: the owner has fenced every
   // device by then (~Heap), and each Mapping unmaps itself.
   struct Handover {
