@@ -993,12 +993,9 @@ std::size_t Heap::release_cached(std::size_t want, bool all, HandleStash* keep) 
       // released now (drop did, or here when it could not be kept).
       const bool for_growth = !kept.empty() && keep->add(std::move(kept));
       if (!for_growth) {
-        const bool owed = owe_to_old_mapping(kept.get());
         (void)kept.reset();  // cuMemRelease (an empty one does nothing)
-        if (!owed) {
-          device_.credit(size);
-          device_.transit(-static_cast<std::int64_t>(size));
-        }
+        device_.credit(size);
+        device_.transit(-static_cast<std::int64_t>(size));
       }
     } else if (failure == vmm::Result::success && !held) {
       failure = res;
@@ -1121,13 +1118,6 @@ void Heap::settle_handovers_locked(bool wait, bool poll, const std::vector<Run>*
 bool Heap::has_old_mapping(vmm::PhysHandle handle) const noexcept {
   for (const Handover& h : handovers_)
     if (h.handle == handle) return true;
-  return false;
-}
-
-bool Heap::owe_to_old_mapping(vmm::PhysHandle handle) noexcept {
-  if (handle == 0) return false;
-  for (Handover& h : handovers_)
-    if (h.handle == handle && !h.owed) return h.owed = true;
   return false;
 }
 

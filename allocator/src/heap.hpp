@@ -356,10 +356,6 @@ class Heap {
   // A handle another mapping of which still stands (release_cached keeps its
   // chunk mapped rather than release it). chunks_mu_ held.
   bool has_old_mapping(vmm::PhysHandle h) const noexcept;
-  // The handle h is released while an old mapping of it stands: that mapping
-  // is marked owed (true), and the caller leaves h's bytes charged and in
-  // transit. chunks_mu_ held.
-  bool owe_to_old_mapping(vmm::PhysHandle h) noexcept;
   std::vector<Handover> handovers_;
   SmallBlocks small_;
   // Lent granules whose spans went unused, to go home with lock_ released.
