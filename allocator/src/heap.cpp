@@ -1102,17 +1102,32 @@ void Heap::settle_handovers_locked(bool wait, bool poll, const std::vector<Run>*
   }
   std::vector<Handover> left;
   left.reserve(handovers_.size());
+  std::vector<std::pair<vmm::PhysHandle, std::size_t>> gone_owed;  // room first: no throw below
+  gone_owed.reserve(static_cast<std::size_t>(
+      std::count_if(handovers_.begin(), handovers_.end(), [](const Handover& h) { return h.owed; })));
   for (Handover& h : handovers_) {
     const std::size_t size = h.old.size();
     // An unmap the driver refuses leaves the mapping here, for a later try.
-    if (!h.waits.empty() || h.old.reset() != vmm::Result::success) {
+    if (!h.waits.empty() || h.old.reset() != vmm::Result::success)
       left.push_back(std::move(h));
-    } else if (h.owed) {  // its handle went before it: the memory goes now
-      device_.credit(size);
-      device_.transit(-static_cast<std::int64_t>(size));
-    }
+    else if (h.owed)  // its handle went before it
+      gone_owed.emplace_back(h.handle, size);
   }
   handovers_ = std::move(left);
+  for (const auto& [handle, size] : gone_owed) {
+    // A handle handed over twice before its first old mapping went has two;
+    // the device keeps its memory until the last of them goes, and the debt
+    // (one per handle: give_up_handovers) moves to that one.
+    Handover* standing = nullptr;
+    for (Handover& h : handovers_)
+      if (h.handle == handle) standing = &h;
+    if (standing != nullptr) {
+      standing->owed = true;
+      continue;
+    }
+    device_.credit(size);
+    device_.transit(-static_cast<std::int64_t>(size));
+  }
 }
 
 bool Heap::has_old_mapping(vmm::PhysHandle handle) const noexcept {

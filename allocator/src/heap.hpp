@@ -350,7 +350,8 @@ class Heap {
     vmm::PhysHandle handle = 0;  // which handle it maps (the growth owns it)
     // The handle was released while this mapping stood (a growth that
     // failed, give_up_handovers): its memory is still the device's, charged
-    // and in transit until this mapping goes.
+    // and in transit until this mapping goes - or, for a handle handed over
+    // twice, until the last of its old mappings goes (the debt moves there).
     bool owed = false;
   };
   // A handle another mapping of which still stands (release_cached keeps its

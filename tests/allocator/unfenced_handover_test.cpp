@@ -251,5 +251,58 @@ TEST_F(UnfencedHandover, AHandleIsNotReleasedWhileAnOldMappingOfItStands) {
   EXPECT_TRUE(invariants());
 }
 
+// A handle handed over twice before its first old mapping went (the read
+// under it still queued) has two old mappings. When the growth that took it
+// fails and the unmaps fail too, its memory is owed: the device holds it
+// until its last mapping goes, so the credit waits for that one, not the
+// first of the two.
+TEST_F(UnfencedHandover, AHandleHandedOverTwiceIsCreditedWhenItsLastOldMappingGoes) {
+  Allocator& a = make_small_chunks();
+  void* hole = nullptr;
+  void* keep = keep_behind_a_read_hole(a, nullptr, &hole);
+  // The first handover: five handles of the hole, their old mappings stand.
+  void* big = a.allocate(60 * kMiB, 0, nullptr);
+  ASSERT_EQ(stats().fences, 0u);
+  // Too large for the hole: after `big`, so that `big` is a hole of its own.
+  void* after = a.allocate(48 * kMiB, 0, nullptr);
+  ASSERT_EQ(sim_->enqueue_access(0, nullptr, reinterpret_cast<vmm::DevicePtr>(big), 60 * kMiB,
+                                 AccessKind::read),
+            Result::success);
+  a.deallocate(big, 60 * kMiB, 0, nullptr);
+  // The second handover takes big's eight handles, five of them with an old
+  // mapping standing in the first hole; its growth fails at its first map and
+  // every unmap fails, so all thirteen old mappings stand, owed.
+  const std::uint64_t releases = calls(Call::mem_release);
+  sim_->fail_call(Call::mem_map, 1, Result::unknown);
+  sim_->fail_every_call(Call::mem_unmap, Result::unknown);
+  EXPECT_THROW((void)a.allocate(100 * kMiB, 0, nullptr), vmm::DriverError);
+  sim_->clear_faults();
+  ASSERT_GT(calls(Call::mem_release), releases) << "the growth released the handles it took";
+  ASSERT_EQ(sim_->live_mappings(), 1u + 6u + 5u + 8u) << "keep's, after's, and 13 old mappings";
+  EXPECT_TRUE(device_holds_reserved());
+  // A trim unmaps the first hole's five (the first five unmaps), not big's:
+  // the five handles are still mapped at big's old address.
+  for (int n = 6; n <= 60; ++n) sim_->fail_call(Call::mem_unmap, n, Result::unknown);
+  try {
+    a.trim(0);
+  } catch (const vmm::DriverError&) {
+  }
+  sim_->clear_faults();
+  EXPECT_TRUE(context_alive());
+  ASSERT_EQ(sim_->live_mappings(), 1u + 6u + 8u) << "keep's, after's, and big's old mappings";
+  EXPECT_TRUE(device_holds_reserved());
+  EXPECT_TRUE(invariants());
+  a.trim(0);
+  EXPECT_EQ(stats().reserved_bytes, 4 * kMiB + 48 * kMiB);
+  EXPECT_TRUE(device_holds_reserved());
+  a.deallocate(after, 48 * kMiB, 0, nullptr);
+  a.deallocate(keep, 4 * kMiB, 0, nullptr);
+  a.trim(0);
+  EXPECT_EQ(sim_->live_mappings(), 0u);
+  EXPECT_EQ(sim_->live_handles(), 0u);
+  EXPECT_TRUE(device_holds_reserved());
+  EXPECT_TRUE(invariants());
+}
+
 }  // namespace
 }  // namespace gvm::test
