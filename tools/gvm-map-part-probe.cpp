@@ -15,6 +15,12 @@
 //   4. A mapped whole a second time, at another address, while its first
 //      mapping stands; then the first unmapped, the second still read
 //   5. a sub-range of a whole mapping unmapped
+//   6. two handles mapped side by side: one cuMemSetAccess and one
+//      cuMemUnmap over both mappings at once (the simulated driver allows
+//      both; this asks the real one)
+//   7. what those calls cost: 32 one-granule handles side by side, access
+//      set and unmapped one call per mapping, then one call over all of
+//      them (medians of 5 rounds, host wall clock)
 // and, where 2 or 4 maps, whether a write through one address reads back
 // through the other. Question 4 is what a release could do without a host
 // wait: hand the handle to the growth at its new address while the old one is
@@ -28,6 +34,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -160,8 +168,71 @@ int main(int argc, char** argv) {
     }
     (void)cuMemUnmap(va, 8 * g);
   }
+  // 6. Two whole mappings side by side, one call over both.
+  const bool pair = ask("6. map A at va and B at va + 8 granules (both whole)",
+                        cuMemMap(va, 8 * g, 0, a, 0)) == CUDA_SUCCESS &&
+                    cuMemMap(va + 8 * g, 8 * g, 0, b, 0) == CUDA_SUCCESS;
+  if (pair) {
+    if (ask("   one cuMemSetAccess over both (16 granules)", cuMemSetAccess(va, 16 * g, &rw, 1)) ==
+        CUDA_SUCCESS) {
+      std::printf("   a write across the seam reads back: %s\n",
+                  same_bytes(va + 7 * g, va + 7 * g, 2 * g, 0x5a) ? "yes" : "no");
+    }
+    if (ask("   one cuMemUnmap over both (16 granules)", cuMemUnmap(va, 16 * g)) != CUDA_SUCCESS) {
+      (void)cuMemUnmap(va, 8 * g);
+      (void)cuMemUnmap(va + 8 * g, 8 * g);
+    }
+  }
   (void)cuMemRelease(a);
   (void)cuMemRelease(b);
   (void)cuMemAddressFree(va, 32 * g);
+
+  // 7. The price of one call per mapping against one call over all.
+  constexpr int kN = 32, kRounds = 5;
+  CUdeviceptr row = 0;
+  std::vector<CUmemGenericAllocationHandle> hs(kN, 0);
+  bool ok = cuMemAddressReserve(&row, kN * g, 0, 0, 0) == CUDA_SUCCESS;
+  for (int i = 0; ok && i < kN; ++i) ok = cuMemCreate(&hs[i], g, &prop, 0) == CUDA_SUCCESS;
+  auto map_all = [&] {
+    for (int i = 0; i < kN; ++i)
+      if (cuMemMap(row + i * g, g, 0, hs[i], 0) != CUDA_SUCCESS) return false;
+    return true;
+  };
+  auto us_since = [](std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  };
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::vector<double> set_each, unmap_each, set_once, unmap_once;
+  for (int r = 0; ok && r < kRounds; ++r) {
+    ok = map_all();
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; ok && i < kN; ++i) ok = cuMemSetAccess(row + i * g, g, &rw, 1) == CUDA_SUCCESS;
+    set_each.push_back(us_since(t0));
+    t0 = std::chrono::steady_clock::now();
+    for (int i = 0; ok && i < kN; ++i) ok = cuMemUnmap(row + i * g, g) == CUDA_SUCCESS;
+    unmap_each.push_back(us_since(t0));
+    ok = ok && map_all();
+    t0 = std::chrono::steady_clock::now();
+    ok = ok && cuMemSetAccess(row, kN * g, &rw, 1) == CUDA_SUCCESS;
+    set_once.push_back(us_since(t0));
+    t0 = std::chrono::steady_clock::now();
+    ok = ok && cuMemUnmap(row, kN * g) == CUDA_SUCCESS;
+    unmap_once.push_back(us_since(t0));
+  }
+  if (ok) {
+    std::printf("7. %d one-granule mappings side by side, medians of %d rounds:\n", kN, kRounds);
+    std::printf("   cuMemSetAccess: one call each %.1f us in all, one call over all %.1f us\n",
+                median(set_each), median(set_once));
+    std::printf("   cuMemUnmap:     one call each %.1f us in all, one call over all %.1f us\n",
+                median(unmap_each), median(unmap_once));
+  } else {
+    std::printf("7. not measured: a call failed (question 6 says which)\n");
+  }
+  for (auto h : hs)
+    if (h != 0) (void)cuMemRelease(h);
+  if (row != 0) (void)cuMemAddressFree(row, kN * g);
   return 0;
 }
