@@ -145,7 +145,7 @@ struct Key {
   void (*apply)(Config& c, std::string_view key, std::string_view value);
 };
 
-constexpr std::array<Key, 15> kKeys{{
+constexpr std::array<Key, 16> kKeys{{
     {"arena_size",
      [](Config& c, std::string_view k, std::string_view v) { c.arena_bytes = parse_size(k, v); }},
     {"max_chunk_size",
@@ -195,6 +195,14 @@ constexpr std::array<Key, 15> kKeys{{
     {"span_warmup",
      [](Config& c, std::string_view k, std::string_view v) {
        c.span_warmup_allocations = parse_count(k, v, 1u << 30);
+     }},
+    {"span_max",
+     [](Config& c, std::string_view k, std::string_view v) {
+       const std::size_t bytes = parse_size(k, v);
+       if (bytes < kSmallMaxMin || bytes > kSmallMaxMax) {
+         bad_value(k, v, "must be between 512B and 64MiB");
+       }
+       c.span_max_bytes = bytes;
      }},
     {"shared_spans",
      [](Config& c, std::string_view k, std::string_view v) { c.shared_spans = parse_bool(k, v); }},
@@ -344,6 +352,7 @@ std::string to_string(const Config& c) {
                                : size_text(c.release_threshold_bytes));
   add("small_max", size_text(c.small_block_max_bytes));
   add("span_warmup", std::to_string(c.span_warmup_allocations));
+  add("span_max", size_text(c.span_max_bytes));
   add("shared_spans", c.shared_spans ? "true" : "false");
   add("no_vmm", c.force_no_vmm ? "true" : "false");
   add("peer_policy", to_string(c.peer_policy));

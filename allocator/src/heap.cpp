@@ -69,6 +69,7 @@ Heap::Heap(DeviceHeap& device, Kind kind, StreamState* stream, std::uint64_t poo
       small_max_(kind == Kind::stream
                      ? std::min(device.config().small_block_max_bytes, kGranule / 2)
                      : 0),
+      span_max_(device.config().span_max_bytes),
       release_after_free_(device.config().release_threshold_bytes != SIZE_MAX),
       access_{{device.device(), vmm::Access::read_write}},
       arena_(device.driver(), device.device(), device.pages(), this, device.backing().on_demand()) {}
@@ -762,6 +763,11 @@ std::uintptr_t Heap::take_first_slot(Span* s, int shared_class) {
 }
 
 void* Heap::allocate_small_slow(int cls, std::size_t bytes) {
+  // A class of slots above span_max never gets a span: the best-fit arena
+  // packs its blocks at 512 B rounding among the large ones, where spans of
+  // a few slots each, once the class warms, moved the large blocks around
+  // them (docs/design-notes.md, "Rule 8").
+  if (class_size(cls) > span_max_) return allocate_large(bytes, *stream());
   bool cold = false;
   bool shared = false;
   {

@@ -325,6 +325,7 @@ class Heap {
   const std::uint64_t pool_;
   const bool first_;  // the first heap of its device: the large region
   const std::size_t small_max_;
+  const std::size_t span_max_;  // classes of larger slots get no spans
   // Config::release_threshold_bytes is set: a free may release (the
   // config is fixed for the allocator's life).
   const bool release_after_free_;

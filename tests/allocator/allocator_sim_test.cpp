@@ -65,10 +65,12 @@ class SimAllocatorTest : public SimAllocatorFixture {
     c.max_chunk_bytes = kGranule;
     return c;
   }
-  // Small blocks from spans from the first allocation on (tests of spans;
-  // by default a class is served best fit until it is warm).
+  // Small blocks from spans from the first allocation on, in every class
+  // (tests of spans; by default a class is served best fit until it is warm,
+  // and a class of slots above span_max always).
   static Config spans_now(Config c) {
     c.span_warmup_allocations = 0;
+    c.span_max_bytes = c.small_block_max_bytes;
     return c;
   }
   // The driver objects that must not leak.

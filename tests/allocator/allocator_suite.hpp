@@ -168,10 +168,12 @@ class AllocatorSuite : public ::testing::TestWithParam<AllocatorTarget> {
     alloc_ = std::make_unique<Allocator>(*driver_, c);
     return *alloc_;
   }
-  // The target's config with spans from a class's first allocation (tests
-  // of spans; by default a class is served best fit until it is warm).
+  // The target's config with spans from a class's first allocation, for
+  // every class (tests of spans; by default a class is served best fit until
+  // it is warm, and a class of slots above span_max always).
   Config spans_now(Config c) const {
     c.span_warmup_allocations = 0;
+    c.span_max_bytes = c.small_block_max_bytes;
     return c;
   }
   // The target's config, capped at the budget where the device has more.

@@ -69,6 +69,40 @@ TEST_F(FragmentationPolicy, AColdClassIsServedBestFitUntilItHasMadeItsWarmupAllo
   EXPECT_TRUE(invariants());
 }
 
+// Rule 8: a class of slots above span_max never gets a span, however often it
+// is used; a class at or below it does after its warm-up; span_max at small_max
+// gives every class spans again.
+TEST_F(FragmentationPolicy, AClassOfSlotsAboveSpanMaxIsServedBestFitAfterItsWarmup) {
+  for (const bool every_class : {false, true}) {
+    SCOPED_TRACE(every_class ? "span_max at small_max" : "span_max by default");
+    Config c;
+    c.span_warmup_allocations = 3;
+    if (every_class) c.span_max_bytes = c.small_block_max_bytes;
+    ASSERT_EQ(Config{}.span_max_bytes, std::size_t{32} << 10);
+    Allocator& a = make(c);
+    std::vector<void*> big, little;
+    for (int i = 0; i < 6; ++i) {
+      big.push_back(a.allocate(64 << 10, 0, nullptr));  // a 64 KiB class
+      little.push_back(a.allocate(32 << 10, 0, nullptr));  // the largest class that may have spans
+    }
+    const auto map = a.memory_map(0);
+    for (std::size_t i = 0; i < 6; ++i) {
+      const BlockInfo* b = block_at(map, big[i]);
+      const BlockInfo* l = block_at(map, little[i]);
+      ASSERT_NE(b, nullptr) << i;
+      ASSERT_NE(l, nullptr) << i;
+      EXPECT_EQ(b->small, every_class && i >= 3) << "64 KiB allocation " << i;
+      EXPECT_EQ(l->small, i >= 3) << "32 KiB allocation " << i;
+    }
+    EXPECT_EQ(stats().live_bytes, 6u * (64u << 10) + 6u * (32u << 10));
+    EXPECT_TRUE(invariants());
+    for (void* p : big) a.deallocate(p, 64 << 10, 0, nullptr);
+    for (void* p : little) a.deallocate(p, 32 << 10, 0, nullptr);
+    EXPECT_EQ(stats().live_bytes, 0u);
+    EXPECT_TRUE(invariants());
+  }
+}
+
 TEST_F(FragmentationPolicy, ZeroWarmupGivesSpansFromTheFirstAllocation) {
   Config c;
   c.span_warmup_allocations = 0;
@@ -519,6 +553,7 @@ TEST_F(FragmentationPolicy, EmptySpansAreReclaimedBeforeAReleaseForGrowth) {
     SCOPED_TRACE(shared ? "shared spans" : "every span a granule");
     Config c;
     c.span_warmup_allocations = 0;
+    c.span_max_bytes = c.small_block_max_bytes;  // spans for every class
     c.shared_spans = shared;
     Allocator& a = make(c);
     // Spans of seven classes, all emptied: each class keeps its span.
@@ -544,6 +579,7 @@ TEST_F(FragmentationPolicy, EmptySpansAreReclaimedBeforeAReleaseForGrowth) {
 TEST_F(FragmentationPolicy, ANewSpanAtThePeakReusesAnUnusedSpansGranule) {
   Config c;
   c.span_warmup_allocations = 0;
+  c.span_max_bytes = c.small_block_max_bytes;  // spans for every class
   c.max_chunk_bytes = 2 * kMiB;  // a chunk per granule: growth one granule at a time
   Allocator& a = make(c);
   void* p = a.allocate(512 * 1024, 0, nullptr);  // a span of its class
@@ -576,6 +612,7 @@ TEST_F(FragmentationPolicy, ANewSpanAtThePeakReusesAnUnusedSpansGranule) {
 TEST_F(FragmentationPolicy, ALargeBlockAtThePeakTakesUnusedSpansGranules) {
   Config c;
   c.span_warmup_allocations = 0;
+  c.span_max_bytes = c.small_block_max_bytes;  // spans for every class
   c.max_chunk_bytes = 2 * kMiB;  // a chunk per granule: growth one granule at a time
   Allocator& a = make(c);
   // Two classes' spans, side by side at the arena's start, both emptied:

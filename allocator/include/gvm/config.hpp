@@ -57,6 +57,14 @@ struct Config {
   // of one stream, which a class of a few blocks mostly wastes
   // (docs/design-notes.md, "Fragmentation"). 0 = spans from the first one.
   std::uint32_t span_warmup_allocations = 256;  // key: span_warmup
+  // Size classes whose slots are larger than this get no spans at all: the
+  // best-fit arena serves them at 512 B rounding, as it serves cold classes.
+  // A span of such a class holds few slots (32 of 64 KiB), and its blocks
+  // living in spans once it warms moves the large blocks around them: the
+  // ResNet-50 program crept 40 MiB past its first step's peak that way
+  // (docs/design-notes.md, "Rule 8"). 32 KiB is the largest slot that
+  // shares spans (shared_spans); small_max (1 MiB) gives every class spans.
+  std::size_t span_max_bytes = std::size_t{32} << 10;  // key: span_max
   // Classes of up to 32 KiB start in shared spans: 256 KiB each, eight to a
   // granule, until the class holds a granule's worth; then whole granules.
   // A class of a few dozen live blocks then holds 256 KiB, not 2 MiB
