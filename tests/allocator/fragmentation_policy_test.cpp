@@ -7,6 +7,8 @@
 //                     returns wholly free chunks first, if it is at least
 //                     1/128 of what is reserved and at least four granules;
 //                     empty spans are given back before such a release
+//   span_max          a class of slots above span_max (32 KiB) never gets
+//                     spans: best fit, however often it is used (rule 8)
 #include <gtest/gtest.h>
 
 #include <cmath>
