@@ -115,6 +115,13 @@ std::size_t parse_size(std::string_view key, std::string_view value) {
   return number * scale;
 }
 
+// A size-class bound (small_max, span_max): a size between 512 B and 64 MiB.
+std::size_t parse_class_size(std::string_view key, std::string_view value) {
+  const std::size_t bytes = parse_size(key, value);
+  if (bytes < kSmallMaxMin || bytes > kSmallMaxMax) bad_value(key, value, "must be between 512B and 64MiB");
+  return bytes;
+}
+
 bool parse_bool(std::string_view key, std::string_view value) {
   if (iequals(value, "true") || value == "1") return true;
   if (iequals(value, "false") || value == "0") return false;
@@ -186,11 +193,7 @@ constexpr std::array<Key, 16> kKeys{{
      }},
     {"small_max",
      [](Config& c, std::string_view k, std::string_view v) {
-       const std::size_t bytes = parse_size(k, v);
-       if (bytes < kSmallMaxMin || bytes > kSmallMaxMax) {
-         bad_value(k, v, "must be between 512B and 64MiB");
-       }
-       c.small_block_max_bytes = bytes;
+       c.small_block_max_bytes = parse_class_size(k, v);
      }},
     {"span_warmup",
      [](Config& c, std::string_view k, std::string_view v) {
@@ -198,11 +201,7 @@ constexpr std::array<Key, 16> kKeys{{
      }},
     {"span_max",
      [](Config& c, std::string_view k, std::string_view v) {
-       const std::size_t bytes = parse_size(k, v);
-       if (bytes < kSmallMaxMin || bytes > kSmallMaxMax) {
-         bad_value(k, v, "must be between 512B and 64MiB");
-       }
-       c.span_max_bytes = bytes;
+       c.span_max_bytes = parse_class_size(k, v);
      }},
     {"shared_spans",
      [](Config& c, std::string_view k, std::string_view v) { c.shared_spans = parse_bool(k, v); }},

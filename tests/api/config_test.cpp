@@ -22,7 +22,9 @@ bool same(const Config& a, const Config& b) {
          a.small_block_max_bytes == b.small_block_max_bytes && a.force_no_vmm == b.force_no_vmm &&
          a.peer_policy == b.peer_policy && a.scratch_chunk_bytes == b.scratch_chunk_bytes &&
          a.scratch_arena_bytes == b.scratch_arena_bytes && a.fence_enabled == b.fence_enabled &&
-         a.scratch_fence_tracked == b.scratch_fence_tracked;
+         a.scratch_fence_tracked == b.scratch_fence_tracked &&
+         a.span_warmup_allocations == b.span_warmup_allocations &&
+         a.span_max_bytes == b.span_max_bytes && a.shared_spans == b.shared_spans;
 }
 
 // The config_error message of parse_config(text), or "" when it did not throw.
@@ -139,6 +141,8 @@ TEST(Config, SpecialValues) {
   EXPECT_FALSE(parse_config("scratch_fence:tracked,scratch_fence:devices").scratch_fence_tracked);
   EXPECT_EQ(parse_config("small_max:512").small_block_max_bytes, 512u);
   EXPECT_EQ(parse_config("small_max:64MiB").small_block_max_bytes, 64 * kMiB);
+  EXPECT_EQ(parse_config("span_max:1MiB").span_max_bytes, kMiB);
+  EXPECT_EQ(parse_config("span_max:512").span_max_bytes, 512u);
   EXPECT_EQ(parse_config("max_chunk_size:2MiB").max_chunk_bytes, 2 * kMiB);
 }
 
@@ -178,6 +182,9 @@ TEST(Config, EveryErrorNamesItsKeyAndValue) {
       {"small_max", "511"},
       {"small_max", "65MiB"},
       {"small_max", "0"},
+      {"span_max", "511"},
+      {"span_max", "65MiB"},
+      {"span_max", "lots"},
       {"no_vmm", "yes"},
       {"no_vmm", "2"},
       {"peer_policy", "sometimes"},
@@ -236,6 +243,9 @@ TEST(Config, ToStringRoundTrips) {
   odd.memory_fraction = 0.1;  // not exact in binary: needs the shortest round-trip text
   odd.release_threshold_bytes = 0;
   odd.small_block_max_bytes = 513;
+  odd.span_warmup_allocations = 7;
+  odd.span_max_bytes = 40 << 10;
+  odd.shared_spans = false;
   odd.force_no_vmm = true;
   odd.peer_policy = PeerPolicy::none;
   odd.scratch_chunk_bytes = 2 * kMiB;
