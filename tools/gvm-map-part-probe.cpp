@@ -32,10 +32,10 @@
 //   gvm-map-part-probe [--device N]
 #include <cuda.h>
 
-#include <cstdio>
-#include <cstdlib>
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
