@@ -763,10 +763,12 @@ std::uintptr_t Heap::take_first_slot(Span* s, int shared_class) {
 }
 
 void* Heap::allocate_small_slow(int cls, std::size_t bytes) {
-  // A class of slots above span_max never gets a span: the best-fit arena
-  // packs its blocks at 512 B rounding among the large ones, where spans of
-  // a few slots each, once the class warms, moved the large blocks around
-  // them (docs/design-notes.md, "Rule 8").
+  // A class of slots above span_max never gets a span of its own: the
+  // best-fit arena packs its blocks at 512 B rounding among the large ones,
+  // where spans of a few slots each, once the class warms, moved the large
+  // blocks around them (docs/design-notes.md, "Rule 8"). Only new spans are
+  // refused here: a 256 KiB request (kHostClass) still takes a free slot of
+  // a span that hosts shared spans on the fast path, when one is there.
   if (class_size(cls) > span_max_) return allocate_large(bytes, *stream());
   bool cold = false;
   bool shared = false;

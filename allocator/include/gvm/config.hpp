@@ -57,8 +57,10 @@ struct Config {
   // of one stream, which a class of a few blocks mostly wastes
   // (docs/design-notes.md, "Fragmentation"). 0 = spans from the first one.
   std::uint32_t span_warmup_allocations = 256;  // key: span_warmup
-  // Size classes whose slots are larger than this get no spans at all: the
-  // best-fit arena serves them at 512 B rounding, as it serves cold classes.
+  // Size classes whose slots are larger than this get no spans of their own:
+  // the best-fit arena serves them at 512 B rounding, as it serves cold
+  // classes (a 256 KiB request may still take a free slot of a span that
+  // hosts shared spans).
   // A span of such a class holds few slots (32 of 64 KiB), and its blocks
   // living in spans once it warms moves the large blocks around them: the
   // ResNet-50 program crept 40 MiB past its first step's peak that way
