@@ -203,9 +203,9 @@ void* Allocator::allocate(std::size_t bytes, int device, vmm::StreamHandle strea
     check_size(bytes, device, "allocate");
   im.check_fits_device(bytes, device);
   detail::Heap& h = im.heap(device, stream);
-  if (bytes <= h.small_max()) [[likely]]
+  if (bytes <= h.span_route_max()) [[likely]]
     return h.allocate_small(bytes);
-  return h.allocate_large(bytes, *h.stream());
+  return h.allocate_unspanned(bytes);
 }
 
 // ------------------------------------------------ pools, capture, per device --

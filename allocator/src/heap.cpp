@@ -70,6 +70,9 @@ Heap::Heap(DeviceHeap& device, Kind kind, StreamState* stream, std::uint64_t poo
                      ? std::min(device.config().small_block_max_bytes, kGranule / 2)
                      : 0),
       span_max_(device.config().span_max_bytes),
+      span_route_max_(std::min(small_max_, span_max_ < kMinClassBytes
+                                               ? 0
+                                               : class_size(size_class_of(span_max_ + 1) - 1))),
       release_after_free_(device.config().release_threshold_bytes != SIZE_MAX),
       access_{{device.device(), vmm::Access::read_write}},
       arena_(device.driver(), device.device(), device.pages(), this, device.backing().on_demand()) {}
@@ -761,6 +764,8 @@ std::uintptr_t Heap::take_first_slot(Span* s, int shared_class) {
   add_live(static_cast<std::int64_t>(s->slot_size));
   return slot;
 }
+
+void* Heap::allocate_host_class(std::size_t bytes) { return allocate_small(bytes); }
 
 void* Heap::allocate_small_slow(int cls, std::size_t bytes) {
   // A class of slots above span_max never gets a span of its own: the
