@@ -105,6 +105,43 @@ TEST_F(FragmentationPolicy, AClassOfSlotsAboveSpanMaxIsServedBestFitAfterItsWarm
   }
 }
 
+// Rule 8 refuses new spans, not free slots: a request of the class whose
+// spans host the shared spans (256 KiB) takes a free slot of a host span when
+// one is there, while a class between span_max and it goes to the arena.
+TEST_F(FragmentationPolicy, AHostClassRequestTakesAFreeSlotOfAHostSpanAboveSpanMax) {
+  Config c;
+  c.span_warmup_allocations = 0;
+  Allocator& a = make(c);
+  void* shared = a.allocate(4096, 0, nullptr);  // a shared span in a new host span
+  void* host_slot = a.allocate(256 << 10, 0, nullptr);
+  void* host_slot_2 = a.allocate((224 << 10) + 512, 0, nullptr);  // the same class
+  void* arena = a.allocate(192 << 10, 0, nullptr);                 // a class below it
+  const auto map = a.memory_map(0);
+  const BlockInfo* s = block_at(map, shared);
+  const BlockInfo* h = block_at(map, host_slot);
+  const BlockInfo* h2 = block_at(map, host_slot_2);
+  const BlockInfo* b = block_at(map, arena);
+  ASSERT_NE(s, nullptr);
+  ASSERT_NE(h, nullptr);
+  ASSERT_NE(h2, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_TRUE(s->small);
+  EXPECT_TRUE(h->small);
+  EXPECT_TRUE(h2->small);
+  EXPECT_FALSE(b->small);
+  // The slots lie in the shared span's granule (a host span is one granule).
+  const auto granule = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) >> 21; };
+  EXPECT_EQ(granule(host_slot), granule(shared));
+  EXPECT_EQ(granule(host_slot_2), granule(shared));
+  EXPECT_TRUE(invariants());
+  a.deallocate(arena, 192 << 10, 0, nullptr);
+  a.deallocate(host_slot_2, (224 << 10) + 512, 0, nullptr);
+  a.deallocate(host_slot, 256 << 10, 0, nullptr);
+  a.deallocate(shared, 4096, 0, nullptr);
+  EXPECT_EQ(stats().live_bytes, 0u);
+  EXPECT_TRUE(invariants());
+}
+
 TEST_F(FragmentationPolicy, ZeroWarmupGivesSpansFromTheFirstAllocation) {
   Config c;
   c.span_warmup_allocations = 0;
