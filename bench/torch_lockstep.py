@@ -59,7 +59,8 @@ end, the others are ended cleanly, the next programs still run; exit status 1.
 
 Protocol: `torch_lockstep.py worker PROGRAM ALLOCATOR STEPS` builds the
 program, runs its warm-up steps and writes `GVM_LOCKSTEP {"ready": true, ...}`;
-then reads commands, one a line: `step` (answer: {"t": seconds, "check": ...}),
+then reads commands, one a line: `step` (answer: {"t": seconds, "check": ...,
+"diag": what bench/step_diag.py saw in the step; the tables show the slowest step's}),
 `profile` (a few steps under torch.profiler; answer: {"profile": {...}}) and `end` (answer: peak reserved, backend, gvmalloc's counters; then it
 exits 0). Other output lines are ignored. $GVM_LOCKSTEP_WORKER (a command
 line) replaces `python torch_lockstep.py` as the worker's command (the tests
@@ -80,6 +81,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
+import step_diag  # noqa: E402
 import torch_programs as tp  # noqa: E402
 from torch_programs import ALLOCATORS, base_libraries, is_gvm, timed  # noqa: E402
 
@@ -137,6 +139,11 @@ def worker(program, allocator, steps):
         build_and_warm_s=round(time.perf_counter() - t0, 2),
         backend=torch.cuda.get_allocator_backend())
     n = 0
+    # Each step's CPU, collector, faults, gvmalloc's driver time and, for a
+    # step far slower than the median, where its Python stack sat
+    # (step_diag.py). Reading gvmalloc's counters between steps adds their
+    # own driver calls to none of them: they are counts kept by the library.
+    watch = step_diag.StepWatch(tp.gvm_counters if counters is not None else None, tp.counters_since)
     # The counters as the paired steps left them, read before anything else
     # (a profiled pass) adds its own.
     after_steps = None
@@ -153,9 +160,11 @@ def worker(program, allocator, steps):
             return 1  # the coordinator is gone
         command = line.strip()
         if command == "step":
+            watch.begin()
             dt, out = timed(torch, prog.step)
+            diag = watch.end(dt)
             n += 1
-            say(t=dt, check=prog.check(out))
+            say(t=dt, check=prog.check(out), diag=diag)
         elif command == "profile":
             # Profiled steps after the paired ones (not counted among them):
             # where a step's time goes - the GPU's busy and idle time, the CPU
@@ -406,7 +415,7 @@ def run_program(program, allocators, steps, log_dir, share_end=None, hard_end=No
     values; no round is started that should end past share_end (after
     MIN_ROUNDS rounds) or past hard_end."""
     res = {"program": program, "allocators": list(allocators), "steps_asked": steps,
-           "runs": {a: {"allocator": a, "times_s": [], "checks": []} for a in allocators},
+           "runs": {a: {"allocator": a, "times_s": [], "checks": [], "diags": []} for a in allocators},
            "order": [], "failed": [], "stopped": None}
     runs = res["runs"]
     workers = {}
@@ -463,6 +472,7 @@ def run_program(program, allocators, steps, log_dir, share_end=None, hard_end=No
                     break
                 runs[a]["times_s"].append(float(msg["t"]))
                 runs[a]["checks"].append(msg["check"])
+                runs[a]["diags"].append(msg.get("diag"))
                 taken[a] += 1
             if res["failed"]:
                 # Only whole rounds are paired: the one cut short is dropped.
@@ -470,6 +480,7 @@ def run_program(program, allocators, steps, log_dir, share_end=None, hard_end=No
                 for a in allocators:
                     del runs[a]["times_s"][done:]
                     del runs[a]["checks"][done:]
+                    del runs[a]["diags"][done:]
                 break
             done += 1
             longest = max(longest, clock() - now)
@@ -556,11 +567,30 @@ def summarize(res):
             q1, med, q3 = quartiles(r["times_s"])
             r.update(median_s=med, min_s=min(r["times_s"]), q1_s=q1, q3_s=q3, max_s=max(r["times_s"]))
         r["equal_to_native"] = compare(r, native) if a not in res["failed"] else None
+        r["slowest"] = slowest_step(r)
         r["vs"] = {}
         for ref in references(res["allocators"]):
             if ref == a or ref not in runs:
                 continue
             r["vs"][ref] = ratio_stats(r["times_s"], runs[ref]["times_s"])
+
+
+DIAG_KEYS = ("cpu_ms", "off_cpu_ms", "gc_ms")
+
+
+def slowest_step(r):
+    """The slowest paired step with what step_diag.py saw in it, beside the
+    median over the steps of the same readings; None without diagnostics."""
+    times, diags = r.get("times_s", []), r.get("diags", [])
+    if not times or len(diags) != len(times) or any(d is None for d in diags):
+        return None
+    k = max(range(len(times)), key=lambda i: times[i])
+    med = {key: statistics.median(d[key] for d in diags) for key in DIAG_KEYS}
+    drv = [d["gvmalloc"]["driver_ms"] for d in diags if "gvmalloc" in d]
+    if drv:
+        med["driver_ms"] = statistics.median(drv)
+    return {"step": k, "t_s": times[k], "x_median": round(times[k] / statistics.median(times), 2),
+            "diag": diags[k], "median_diag": med}
 
 
 # ---- the tables ------------------------------------------------------------------------------
@@ -686,6 +716,34 @@ def render(results, seconds):
                 p["program"], a, cell("gpu_busy_ms_per_step"), cell("gpu_idle_ms_per_step"),
                 o["all_ops_self_cpu_ms_per_step"], o["alloc_ops_self_cpu_ms_per_step"],
                 o["alloc_ops_calls_per_step"]))
+    slow = [(p, a, p["runs"][a]["slowest"]) for p in results for a in p.get("allocators", [])
+            if p["runs"][a].get("slowest")]
+    if slow:
+        lines += ["", "=== The slowest paired step of each process (bench/step_diag.py): its time and "
+                  "what the process spent in it - CPU (every thread), off CPU (wall minus CPU), "
+                  "Python's collector, gvmalloc's driver calls - beside the median step's; "
+                  "context switches voluntary/involuntary and page faults minor/major in the step",
+                  "%-9s %-12s %5s %10s %7s %19s %19s %15s %19s %11s %9s" % (
+                      "program", "allocator", "step", "ms", "x med", "cpu ms (median)",
+                      "off cpu ms (median)", "gc ms (median)", "driver ms (median)", "ctx sw", "faults")]
+        for p, a, s in slow:
+            d, m = s["diag"], s["median_diag"]
+            g = d.get("gvmalloc")
+            cell = lambda key, w: ("%.2f (%.2f)" % (d[key], m[key])).rjust(w)  # noqa: E731
+            drv = ("%.2f (%.2f)" % (g["driver_ms"], m["driver_ms"])).rjust(19) if g else "%19s" % "—"
+            lines.append("%-9s %-12s %5d %10.2f %7.2f %s %s %s %s %11s %9s" % (
+                p["program"], a, s["step"], s["t_s"] * 1e3, s["x_median"], cell("cpu_ms", 19),
+                cell("off_cpu_ms", 19), cell("gc_ms", 15), drv,
+                "%d/%d" % tuple(d["ctx_switches"]), "%d/%d" % tuple(d["faults"])))
+            if g:
+                lines.append("%-9s %-12s       gvmalloc in that step: %s" % ("", "", ", ".join(
+                    "%s %s" % kv for kv in g.items() if kv[1])))
+            st = d.get("stacks")
+            if st:
+                lines.append("%-9s %-12s       its Python stack, %d samples (the wall allows %d):" % (
+                    "", "", st["samples"], st["samples_the_wall_allows"]))
+                for n, key in st["top"]:
+                    lines.append("%-9s %-12s         %5d  %s" % ("", "", n, key))
     extra = []
     for p in results:
         for a in p.get("allocators", []):

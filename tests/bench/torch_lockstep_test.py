@@ -92,7 +92,16 @@ while True:
         print("chatter between steps")
         d = get("diverge_at")
         c = ("x%d" if d is not None and k >= d else "c%d") % k
-        print("GVM_LOCKSTEP " + json.dumps({"t": t, "check": c}), flush=True)
+        # What step_diag.py would say: half of the step on the CPU, and
+        # gvmalloc's driver a tenth of it; a step of a second or more sampled.
+        diag = {"cpu_ms": t * 500, "off_cpu_ms": t * 500, "gc_ms": 0.25, "gc_runs": 1,
+                "ctx_switches": [k, 1], "faults": [2 * k, 0]}
+        if alloc.startswith("gvm"):
+            diag["gvmalloc"] = {"driver_ms": t * 100, "fences": 1, "chunks_mapped": 0}
+        if t >= 1.0:
+            diag["stacks"] = {"samples": 7, "samples_the_wall_allows": int(t / 0.005),
+                              "top": [[5, "models.py:12 forward < train.py:3 step"], [2, "x.py:1 f"]]}
+        print("GVM_LOCKSTEP " + json.dumps({"t": t, "check": c, "diag": diag}), flush=True)
         k += 1
     elif cmd == "profile":
         log("profile")
@@ -121,7 +130,7 @@ while True:
 # built by a fake builder whose step chatters on stdout (Python's and the
 # descriptor's, without a newline), which worker() must keep off its protocol.
 REAL_WORKER = r'''
-import importlib.util, os, sys, types
+import importlib.util, os, sys, time, types
 spec = importlib.util.spec_from_file_location("torch_lockstep", sys.argv[1])
 tl = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tl)
@@ -136,9 +145,14 @@ gvmalloc.stats = lambda: {"devices": [{"chunks_mapped": state["i"], "chunks_unma
                           "driver_calls": {"cuMemMap": {"calls": state["i"], "ns": 10 ** 6 * state["i"]}}}
 sys.modules["gvmalloc"] = gvmalloc
 
+def slow_part():
+    time.sleep(0.3)
+
 def build(allocator, steps):
     def step():
         state["i"] += 1
+        if state["i"] == 6:  # the last of 4 paired steps, after 2 warm-up steps
+            slow_part()
         sys.stdout.write("progress %d%%" % state["i"])
         sys.stdout.flush()
         os.write(1, b"[C chatter]")
@@ -354,6 +368,20 @@ def main(path):
         check(" ".join(rows(text, "llama", "gvm")[0]).endswith("MiB yes"), "llama gvm equal")
         check("gpt2, gvm: gvmalloc over the paired steps: chunks_mapped 0, driver_calls 2" in text,
               "gvmalloc's counters")
+        # The slowest step: gvm's step 6 (1.25 s, 5 x its median of 0.25 s),
+        # with what the worker saw in it beside the median step's readings.
+        sl = p["gpt2"]["runs"]["gvm"]["slowest"]
+        check(sl["step"] == 6 and sl["t_s"] == 1.25 and sl["x_median"] == 5.0 and
+              sl["median_diag"] == {"cpu_ms": 125.0, "off_cpu_ms": 125.0, "gc_ms": 0.25, "driver_ms": 25.0},
+              "gvm's slowest step: %s" % sl)
+        row = [w for w in rows(text, "gpt2", "gvm") if len(w) > 3 and w[2] == "6"]
+        check(row == [["gpt2", "gvm", "6", "1250.00", "5.00", "625.00", "(125.00)", "625.00", "(125.00)",
+                       "0.25", "(0.25)", "125.00", "(25.00)", "6/1", "12/0"]], "gvm's slowest-step row: %s" % row)
+        check("gvmalloc in that step: driver_ms 125.0, fences 1" in text, "its counters in that step")
+        check("its Python stack, 7 samples (the wall allows 250):" in text and
+              "5  models.py:12 forward < train.py:3 step" in text, "its sampled stacks")
+        row = [w for w in rows(text, "gpt2", "native") if len(w) > 3 and w[2] == "6"]
+        check(len(row) == 1 and row[0][11] == "—" and row[0][12:] == ["6/1", "12/0"], "native's slowest step, no driver column: %s" % row)
         check(os.path.exists(os.path.join(out_dir, "workers", "gpt2-gvm.log")) and
               "warming up gvm" in open(os.path.join(out_dir, "workers", "gpt2-gvm.log")).read(),
               "each worker's stderr in a file")
@@ -525,6 +553,15 @@ def main(path):
         check(any(r[2:] == ["—", "—", "7.250", "0.500", "3.0"] for r in prof),
               "the profile's row (no GPU activity: dashes): %s" % prof)
         check("gvmalloc" not in g["runs"]["native"], "no gvmalloc counters for native")
+        # step_diag.StepWatch in the real worker: the slow step is the last, its
+        # stack sampled in slow_part, gvmalloc's driver time read around it.
+        sl = run.get("slowest") or {}
+        dg = sl.get("diag", {})
+        st = dg.get("stacks", {})
+        check(sl.get("step") == 3 and dg.get("gvmalloc", {}).get("driver_ms") == 1.0 and
+              dg.get("off_cpu_ms", 0) > 200 and st.get("samples", 0) > 10 and
+              "slow_part" in st["top"][0][1], "the real worker's slowest step: %s" % sl)
+        check(all("stacks" not in x for x in run["diags"][:3]), "ordinary steps keep no samples")
         check(" ".join(rows(text, "gpt2", "native")[0]).endswith("123 MiB yes"), "the real worker's row")
         log_path = os.path.join(out_dir, "workers", "gpt2-gvm.log")
         err = open(log_path).read() if os.path.exists(log_path) else ""
