@@ -633,6 +633,41 @@ def fmt_ci(s):
     return "%.3f-%.3f (%.1f%%)" % (s["ci"][0], s["ci"][1], 100 * s["ci_coverage"])
 
 
+def render_slowest(results):
+    """The slowest paired step of each process with what step_diag.py saw
+    in it (the lines of its table, none without readings)."""
+    slow = [(p, a, p["runs"][a]["slowest"]) for p in results for a in p.get("allocators", [])
+            if p["runs"][a].get("slowest")]
+    if not slow:
+        return []
+    lines = ["", "=== The slowest paired step of each process (bench/step_diag.py): its time and "
+             "what the process spent in it - CPU (every thread), off CPU (wall minus CPU), "
+             "Python's collector, gvmalloc's driver calls - beside the median step's; "
+             "context switches voluntary/involuntary and page faults minor/major in the step",
+             "%-9s %-12s %5s %10s %7s %19s %19s %15s %19s %11s %9s" % (
+                 "program", "allocator", "step", "ms", "x med", "cpu ms (median)",
+                 "off cpu ms (median)", "gc ms (median)", "driver ms (median)", "ctx sw", "faults")]
+    for p, a, s in slow:
+        d, m = s["diag"], s["median_diag"]
+        g = d.get("gvmalloc")
+        cell = lambda key, w: ("%.2f (%.2f)" % (d[key], m[key])).rjust(w)  # noqa: E731
+        drv = ("%.2f (%.2f)" % (g["driver_ms"], m["driver_ms"])).rjust(19) if g else "%19s" % "—"
+        lines.append("%-9s %-12s %5d %10.2f %7.2f %s %s %s %s %11s %9s" % (
+            p["program"], a, s["step"], s["t_s"] * 1e3, s["x_median"], cell("cpu_ms", 19),
+            cell("off_cpu_ms", 19), cell("gc_ms", 15), drv,
+            "%d/%d" % tuple(d["ctx_switches"]), "%d/%d" % tuple(d["faults"])))
+        if g:
+            lines.append("%-9s %-12s       gvmalloc in that step: %s" % ("", "", ", ".join(
+                "%s %s" % kv for kv in g.items() if kv[1]) or "no driver call"))
+        st = d.get("stacks")
+        if st:
+            lines.append("%-9s %-12s       its Python stack, %d samples (the wall allows %d):" % (
+                "", "", st["samples"], st["samples_the_wall_allows"]))
+            for n, key in st["top"]:
+                lines.append("%-9s %-12s         %5d  %s" % ("", "", n, key))
+    return lines
+
+
 def render(results, seconds):
     lines = ["", "=== PyTorch programs in lockstep (%.0f s): step k of every allocator's process, "
              "one process at a time, before step k+1; the order rotated by one each step" % seconds,
@@ -716,34 +751,7 @@ def render(results, seconds):
                 p["program"], a, cell("gpu_busy_ms_per_step"), cell("gpu_idle_ms_per_step"),
                 o["all_ops_self_cpu_ms_per_step"], o["alloc_ops_self_cpu_ms_per_step"],
                 o["alloc_ops_calls_per_step"]))
-    slow = [(p, a, p["runs"][a]["slowest"]) for p in results for a in p.get("allocators", [])
-            if p["runs"][a].get("slowest")]
-    if slow:
-        lines += ["", "=== The slowest paired step of each process (bench/step_diag.py): its time and "
-                  "what the process spent in it - CPU (every thread), off CPU (wall minus CPU), "
-                  "Python's collector, gvmalloc's driver calls - beside the median step's; "
-                  "context switches voluntary/involuntary and page faults minor/major in the step",
-                  "%-9s %-12s %5s %10s %7s %19s %19s %15s %19s %11s %9s" % (
-                      "program", "allocator", "step", "ms", "x med", "cpu ms (median)",
-                      "off cpu ms (median)", "gc ms (median)", "driver ms (median)", "ctx sw", "faults")]
-        for p, a, s in slow:
-            d, m = s["diag"], s["median_diag"]
-            g = d.get("gvmalloc")
-            cell = lambda key, w: ("%.2f (%.2f)" % (d[key], m[key])).rjust(w)  # noqa: E731
-            drv = ("%.2f (%.2f)" % (g["driver_ms"], m["driver_ms"])).rjust(19) if g else "%19s" % "—"
-            lines.append("%-9s %-12s %5d %10.2f %7.2f %s %s %s %s %11s %9s" % (
-                p["program"], a, s["step"], s["t_s"] * 1e3, s["x_median"], cell("cpu_ms", 19),
-                cell("off_cpu_ms", 19), cell("gc_ms", 15), drv,
-                "%d/%d" % tuple(d["ctx_switches"]), "%d/%d" % tuple(d["faults"])))
-            if g:
-                lines.append("%-9s %-12s       gvmalloc in that step: %s" % ("", "", ", ".join(
-                    "%s %s" % kv for kv in g.items() if kv[1])))
-            st = d.get("stacks")
-            if st:
-                lines.append("%-9s %-12s       its Python stack, %d samples (the wall allows %d):" % (
-                    "", "", st["samples"], st["samples_the_wall_allows"]))
-                for n, key in st["top"]:
-                    lines.append("%-9s %-12s         %5d  %s" % ("", "", n, key))
+    lines += render_slowest(results)
     extra = []
     for p in results:
         for a in p.get("allocators", []):

@@ -267,6 +267,20 @@ def unit_checks(tl):
     check(tl.quartiles([7.0]) == (7.0, 7.0, 7.0), "quartiles of one value")
     check(tl.rotation(["a", "b", "c"], 0) == ["a", "b", "c"] and tl.rotation(["a", "b", "c"], 4) ==
           ["b", "c", "a"], "rotation")
+    # The slowest step: found among steps with readings, none without them;
+    # a gvmalloc step without a driver call says so.
+    diag = lambda ms, calls: {"cpu_ms": ms, "off_cpu_ms": 0.0, "gc_ms": 0.0, "ctx_switches": [1, 0],  # noqa: E731
+                              "faults": [3, 0], "gvmalloc": {"driver_ms": 0.0, "driver_calls": calls}}
+    run = {"times_s": [0.1, 0.4, 0.1], "diags": [diag(100.0, 2), diag(400.0, 0), diag(100.0, 2)]}
+    sl = tl.slowest_step(run)
+    check(sl["step"] == 1 and sl["x_median"] == 4.0 and sl["median_diag"]["cpu_ms"] == 100.0,
+          "slowest_step: %s" % sl)
+    text = "\n".join(tl.render_slowest([{"program": "gpt2", "allocators": ["gvm"],
+                                          "runs": {"gvm": dict(run, slowest=sl)}}]))
+    check("gvmalloc in that step: no driver call" in text, "a step without driver calls:\n" + text)
+    check(tl.slowest_step({"times_s": [0.1, 0.2], "diags": [None, None]}) is None and
+          tl.render_slowest([{"program": "gpt2", "allocators": ["gvm"], "runs": {"gvm": {"slowest": None}}}]) == [],
+          "no readings (an older worker): no slowest step, no table")
     s = tl.ratio_stats([1.0] * 6, [2.0] * 6)
     check(s["verdict"] == "at or below" and s["median"] == 0.5, "ratios all 0.5: %s" % s)
     s = tl.ratio_stats([3.0] * 6, [2.0] * 6)
