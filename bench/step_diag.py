@@ -20,6 +20,12 @@ Per step it reads:
 - for gvmalloc (gvm_counters given): its driver calls, their time, fences and
   chunks mapped and unmapped during the step (bench/torch_programs.py's
   counters; the time of each entry point of the driver in by_call).
+- jit_cache_new: files the CUDA driver's JIT cache gained during the step
+  ($CUDA_CACHE_PATH, else its default under the home directory; None where
+  $CUDA_CACHE_DISABLE=1 or the directory cannot be read). A kernel the
+  driver compiles from PTX lands there: the first process to need it pays
+  the compile, the next finds it on disk (docs/pytorch.md, "GPT-2's one slow
+  step"), so a slow step with new entries is that compile, not the allocator.
 - stacks: a sampling of the main thread's Python stack every SAMPLE_S by a
   side thread, kept only for a step that took at least SLOW_FACTOR times the
   median of the steps before it (the samples of an ordinary step are
@@ -46,6 +52,25 @@ SLOW_FACTOR = 3.0
 MIN_HISTORY = 3  # steps before a step can be called slow
 TOP_STACKS = 4
 FRAMES = 6  # innermost frames of a sampled stack
+
+
+def jit_cache_dir():
+    if os.environ.get("CUDA_CACHE_DISABLE") == "1":
+        return None
+    return os.environ.get("CUDA_CACHE_PATH") or os.path.join(os.path.expanduser("~"), ".nv", "ComputeCache")
+
+
+def jit_cache_files(path):
+    """The files under the JIT cache directory (None if it cannot be read;
+    0 if it is not there yet: the driver makes it at its first compile)."""
+    if path is None:
+        return None
+    if not os.path.isdir(path):
+        return 0 if not os.path.exists(path) else None
+    n = 0
+    for _, _, files in os.walk(path):
+        n += len(files)
+    return n
 
 
 def _frames(frame):
@@ -104,6 +129,7 @@ class StepWatch:
         self._gc_t0 = None
         gc.callbacks.append(self._on_gc)
         self.sampler = _Sampler(threading.get_ident()) if sample else None
+        self.jit_dir = jit_cache_dir()
 
     def _on_gc(self, phase, info):
         if phase == "start":
@@ -118,6 +144,7 @@ class StepWatch:
         self._ru0 = resource.getrusage(resource.RUSAGE_SELF)
         self._gc0 = (self.gc_s, self.gc_runs)
         self._gvm0 = self.gvm_counters() if self.gvm_counters else None
+        self._jit0 = jit_cache_files(self.jit_dir)
         if self.sampler is not None:
             self.sampler.start()
 
@@ -133,6 +160,8 @@ class StepWatch:
             "gc_ms": round((self.gc_s - self._gc0[0]) * 1e3, 3),
             "gc_runs": self.gc_runs - self._gc0[1],
         }
+        jit = jit_cache_files(self.jit_dir)
+        out["jit_cache_new"] = jit - self._jit0 if jit is not None and self._jit0 is not None else None
         if self._gvm0 is not None:
             out["gvmalloc"] = self.counters_since(self.gvm_counters(), self._gvm0)
         slow = (len(self.history) >= MIN_HISTORY

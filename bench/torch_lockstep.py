@@ -643,19 +643,23 @@ def render_slowest(results):
     lines = ["", "=== The slowest paired step of each process (bench/step_diag.py): its time and "
              "what the process spent in it - CPU (every thread), off CPU (wall minus CPU), "
              "Python's collector, gvmalloc's driver calls - beside the median step's; "
-             "context switches voluntary/involuntary and page faults minor/major in the step",
-             "%-9s %-12s %5s %10s %7s %19s %19s %15s %19s %11s %9s" % (
+             "context switches voluntary/involuntary and page faults minor/major in the step; "
+             "jit: files the CUDA driver's JIT cache gained in it (a kernel compiled from PTX, "
+             "paid by the first process to need it)",
+             "%-9s %-12s %5s %10s %7s %19s %19s %15s %19s %11s %9s %4s" % (
                  "program", "allocator", "step", "ms", "x med", "cpu ms (median)",
-                 "off cpu ms (median)", "gc ms (median)", "driver ms (median)", "ctx sw", "faults")]
+                 "off cpu ms (median)", "gc ms (median)", "driver ms (median)", "ctx sw", "faults", "jit")]
     for p, a, s in slow:
         d, m = s["diag"], s["median_diag"]
         g = d.get("gvmalloc")
         cell = lambda key, w: ("%.2f (%.2f)" % (d[key], m[key])).rjust(w)  # noqa: E731
         drv = ("%.2f (%.2f)" % (g["driver_ms"], m["driver_ms"])).rjust(19) if g else "%19s" % "—"
-        lines.append("%-9s %-12s %5d %10.2f %7.2f %s %s %s %s %11s %9s" % (
+        jit = d.get("jit_cache_new")
+        lines.append("%-9s %-12s %5d %10.2f %7.2f %s %s %s %s %11s %9s %4s" % (
             p["program"], a, s["step"], s["t_s"] * 1e3, s["x_median"], cell("cpu_ms", 19),
             cell("off_cpu_ms", 19), cell("gc_ms", 15), drv,
-            "%d/%d" % tuple(d["ctx_switches"]), "%d/%d" % tuple(d["faults"])))
+            "%d/%d" % tuple(d["ctx_switches"]), "%d/%d" % tuple(d["faults"]),
+            "—" if jit is None else "+%d" % jit))
         if g:
             lines.append("%-9s %-12s       gvmalloc in that step: %s" % ("", "", ", ".join(
                 "%s %s" % kv for kv in g.items() if kv[1]) or "no driver call"))

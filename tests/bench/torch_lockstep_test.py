@@ -95,7 +95,7 @@ while True:
         # What step_diag.py would say: half of the step on the CPU, and
         # gvmalloc's driver a tenth of it; a step of a second or more sampled.
         diag = {"cpu_ms": t * 500, "off_cpu_ms": t * 500, "gc_ms": 0.25, "gc_runs": 1,
-                "ctx_switches": [k, 1], "faults": [2 * k, 0]}
+                "ctx_switches": [k, 1], "faults": [2 * k, 0], "jit_cache_new": 4 if t >= 1.0 else 0}
         if alloc.startswith("gvm"):
             diag["gvmalloc"] = {"driver_ms": t * 100, "fences": 1, "chunks_mapped": 0}
         if t >= 1.0:
@@ -146,6 +146,10 @@ gvmalloc.stats = lambda: {"devices": [{"chunks_mapped": state["i"], "chunks_unma
 sys.modules["gvmalloc"] = gvmalloc
 
 def slow_part():
+    # A kernel compiled from PTX, as the driver would cache it.
+    d = os.path.join(os.environ["CUDA_CACHE_PATH"], "a", "2")
+    os.makedirs(d, exist_ok=True)
+    open(os.path.join(d, "daf1"), "w").close()
     time.sleep(0.3)
 
 def build(allocator, steps):
@@ -278,9 +282,23 @@ def unit_checks(tl):
     text = "\n".join(tl.render_slowest([{"program": "gpt2", "allocators": ["gvm"],
                                           "runs": {"gvm": dict(run, slowest=sl)}}]))
     check("gvmalloc in that step: no driver call" in text, "a step without driver calls:\n" + text)
+    check(text.splitlines()[3].split()[-1] == "—", "no JIT cache reading: a dash:\n" + text)
     check(tl.slowest_step({"times_s": [0.1, 0.2], "diags": [None, None]}) is None and
           tl.render_slowest([{"program": "gpt2", "allocators": ["gvm"], "runs": {"gvm": {"slowest": None}}}]) == [],
           "no readings (an older worker): no slowest step, no table")
+    # Where the driver's JIT cache is: $CUDA_CACHE_PATH, none when disabled;
+    # a directory not made yet holds 0 files.
+    sd = tl.step_diag
+    saved = {k: os.environ.pop(k, None) for k in ("CUDA_CACHE_PATH", "CUDA_CACHE_DISABLE")}
+    os.environ["CUDA_CACHE_PATH"] = "/nonexistent-jit-cache"
+    check(sd.jit_cache_dir() == "/nonexistent-jit-cache" and sd.jit_cache_files(sd.jit_cache_dir()) == 0,
+          "an unmade cache directory: 0 files")
+    os.environ["CUDA_CACHE_DISABLE"] = "1"
+    check(sd.jit_cache_dir() is None and sd.jit_cache_files(None) is None, "a disabled cache: no reading")
+    for k, v in saved.items():
+        os.environ.pop(k, None)
+        if v is not None:
+            os.environ[k] = v
     s = tl.ratio_stats([1.0] * 6, [2.0] * 6)
     check(s["verdict"] == "at or below" and s["median"] == 0.5, "ratios all 0.5: %s" % s)
     s = tl.ratio_stats([3.0] * 6, [2.0] * 6)
@@ -390,12 +408,12 @@ def main(path):
               "gvm's slowest step: %s" % sl)
         row = [w for w in rows(text, "gpt2", "gvm") if len(w) > 3 and w[2] == "6"]
         check(row == [["gpt2", "gvm", "6", "1250.00", "5.00", "625.00", "(125.00)", "625.00", "(125.00)",
-                       "0.25", "(0.25)", "125.00", "(25.00)", "6/1", "12/0"]], "gvm's slowest-step row: %s" % row)
+                       "0.25", "(0.25)", "125.00", "(25.00)", "6/1", "12/0", "+4"]], "gvm's slowest-step row: %s" % row)
         check("gvmalloc in that step: driver_ms 125.0, fences 1" in text, "its counters in that step")
         check("its Python stack, 7 samples (the wall allows 250):" in text and
               "5  models.py:12 forward < train.py:3 step" in text, "its sampled stacks")
         row = [w for w in rows(text, "gpt2", "native") if len(w) > 3 and w[2] == "6"]
-        check(len(row) == 1 and row[0][11] == "—" and row[0][12:] == ["6/1", "12/0"], "native's slowest step, no driver column: %s" % row)
+        check(len(row) == 1 and row[0][11] == "—" and row[0][12:] == ["6/1", "12/0", "+4"], "native's slowest step, no driver column: %s" % row)
         check(os.path.exists(os.path.join(out_dir, "workers", "gpt2-gvm.log")) and
               "warming up gvm" in open(os.path.join(out_dir, "workers", "gpt2-gvm.log")).read(),
               "each worker's stderr in a file")
@@ -542,6 +560,7 @@ def main(path):
         with open(real, "w") as f:
             f.write(REAL_WORKER)
         fake_cmd = os.environ[tl.WORKER_ENV]
+        os.environ["CUDA_CACHE_PATH"] = os.path.join(d, "jit-cache")  # made by the slow step
         os.environ[tl.WORKER_ENV] = " ".join(shlex.quote(x) for x in (sys.executable, real, path))
         tl.READY_TIMEOUT_S = tl.STEP_TIMEOUT_S = 20.0
         tl.clock = time.monotonic
@@ -576,6 +595,10 @@ def main(path):
               dg.get("off_cpu_ms", 0) > 200 and st.get("samples", 0) > 10 and
               "slow_part" in st["top"][0][1], "the real worker's slowest step: %s" % sl)
         check(all("stacks" not in x for x in run["diags"][:3]), "ordinary steps keep no samples")
+        check(dg.get("jit_cache_new") == 1 and [x["jit_cache_new"] for x in run["diags"][:3]] == [0, 0, 0],
+              "the JIT cache's new file in the slow step, none before: %s" % [x.get("jit_cache_new")
+                                                                           for x in run["diags"]])
+        del os.environ["CUDA_CACHE_PATH"]
         check(" ".join(rows(text, "gpt2", "native")[0]).endswith("123 MiB yes"), "the real worker's row")
         log_path = os.path.join(out_dir, "workers", "gpt2-gvm.log")
         err = open(log_path).read() if os.path.exists(log_path) else ""
