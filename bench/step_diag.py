@@ -120,7 +120,7 @@ class _Sampler:
 
 
 class StepWatch:
-    def __init__(self, gvm_counters=None, counters_since=None, sample=True):
+    def __init__(self, gvm_counters=None, counters_since=None):
         self.gvm_counters = gvm_counters
         self.counters_since = counters_since
         self.history = []
@@ -128,7 +128,7 @@ class StepWatch:
         self.gc_runs = 0
         self._gc_t0 = None
         gc.callbacks.append(self._on_gc)
-        self.sampler = _Sampler(threading.get_ident()) if sample else None
+        self.sampler = _Sampler(threading.get_ident())
         self.jit_dir = jit_cache_dir()
 
     def _on_gc(self, phase, info):
@@ -145,11 +145,10 @@ class StepWatch:
         self._gc0 = (self.gc_s, self.gc_runs)
         self._gvm0 = self.gvm_counters() if self.gvm_counters else None
         self._jit0 = jit_cache_files(self.jit_dir)
-        if self.sampler is not None:
-            self.sampler.start()
+        self.sampler.start()
 
     def end(self, seconds):
-        samples, stacks = self.sampler.stop() if self.sampler is not None else (0, [])
+        samples, stacks = self.sampler.stop()
         cpu_s = time.process_time() - self._cpu0
         ru = resource.getrusage(resource.RUSAGE_SELF)
         out = {
@@ -166,7 +165,7 @@ class StepWatch:
             out["gvmalloc"] = self.counters_since(self.gvm_counters(), self._gvm0)
         slow = (len(self.history) >= MIN_HISTORY
                 and seconds >= SLOW_FACTOR * statistics.median(self.history))
-        if slow and self.sampler is not None:
+        if slow:
             out["stacks"] = {"samples": samples, "samples_the_wall_allows": int(seconds / SAMPLE_S),
                              "top": [[n, key] for key, n in stacks]}
         self.history.append(seconds)
