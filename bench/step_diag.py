@@ -140,11 +140,13 @@ class StepWatch:
             self._gc_t0 = None
 
     def begin(self):
+        # The cache's walk first (and in end() last): its CPU time and
+        # faults are not the step's.
+        self._jit0 = jit_cache_files(self.jit_dir)
         self._cpu0 = time.process_time()
         self._ru0 = resource.getrusage(resource.RUSAGE_SELF)
         self._gc0 = (self.gc_s, self.gc_runs)
         self._gvm0 = self.gvm_counters() if self.gvm_counters else None
-        self._jit0 = jit_cache_files(self.jit_dir)
         self.sampler.start()
 
     def end(self, seconds):

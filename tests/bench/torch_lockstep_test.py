@@ -7,6 +7,7 @@ interval, the bit-equality column, a worker that dies, hangs or fails to start,
 the environment of each worker and the --deadline are checked on any machine.
 Usage: torch_lockstep_test.py PATH/TO/torch_lockstep.py
 """
+import gc
 import importlib.util
 import io
 import json
@@ -299,6 +300,22 @@ def unit_checks(tl):
         os.environ.pop(k, None)
         if v is not None:
             os.environ[k] = v
+    # The cache's walk is not the step's: a walk of 0.2 s of CPU around an
+    # empty step leaves its CPU time near zero.
+    def slow_walk(path, real=sd.jit_cache_files):
+        t0 = time.process_time()
+        while time.process_time() - t0 < 0.2:
+            pass
+        return real(path)
+    sd.jit_cache_files, real_walk = slow_walk, sd.jit_cache_files
+    try:
+        w = sd.StepWatch()
+        w.begin()
+        out = w.end(0.001)
+        gc.callbacks.remove(w._on_gc)
+    finally:
+        sd.jit_cache_files = real_walk
+    check(out["cpu_ms"] < 100, "the JIT cache's walk counted in the step's CPU: %s" % out)
     s = tl.ratio_stats([1.0] * 6, [2.0] * 6)
     check(s["verdict"] == "at or below" and s["median"] == 0.5, "ratios all 0.5: %s" % s)
     s = tl.ratio_stats([3.0] * 6, [2.0] * 6)
