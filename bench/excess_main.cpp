@@ -5,6 +5,9 @@
 // where it reads Allocator::memory_map and the driver's mappings and prints
 // what the reserved bytes hold (bench/excess.hpp), the free holes by size and
 // stream, and the growth that set the peak. Markdown, for docs/design-notes.md.
+// With --at N the same, after event N instead of the peak's: the moment
+// before a peak is often where its cause shows (a hole too small for the
+// request that then grows).
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -36,14 +39,16 @@ using gvm::bench::TraceEvent;
 using gvm::bench::TraceOp;
 
 constexpr const char* kUsage =
-    "usage: gvm-excess [--profile NAME] [--conf \"key:value,...\"] [--holes] TRACE...\n"
+    "usage: gvm-excess [--profile NAME] [--conf \"key:value,...\"] [--holes] [--at N] TRACE...\n"
     "\n"
     "Replays each TRACE on a simulated GPU (default h200) and prints, as Markdown,\n"
     "where its reserved bytes are at the moment they first reach their peak:\n"
     "live bytes, rounding, small-block spans, free holes (by size and stream,\n"
     "inside chunks with live data or in wholly free chunks) and the growth that\n"
     "set the peak. docs/design-notes.md explains the categories.\n"
-    "  --holes  also list every block of the arena at the peak, in address order\n";
+    "  --holes  also list every block of the arena at the peak, in address order\n"
+    "  --at N   the same after event N (1-based, as the report numbers them)\n"
+    "           instead of at the peak\n";
 
 struct Args {
   std::string profile = "h200";
@@ -51,6 +56,7 @@ struct Args {
   std::vector<std::string> traces;
   bool help = false;
   bool list_holes = false;
+  std::size_t at = 0;  // 1-based event; 0: the peak's
 };
 
 Args parse_args(int argc, char** argv) {
@@ -71,6 +77,18 @@ Args parse_args(int argc, char** argv) {
       a.conf = value();
     } else if (arg == "--holes") {
       a.list_holes = true;
+    } else if (flag == "--at") {
+      const std::string v = value();
+      std::size_t used = 0;
+      unsigned long long n = 0;
+      try {
+        n = std::stoull(v, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != v.size() || v.empty() || v[0] == '-' || n == 0)
+        throw ArgError("--at: '" + v + "' is not an event number (1 or more)");
+      a.at = static_cast<std::size_t>(n);
     } else if (arg.size() > 1 && arg[0] == '-') {
       throw ArgError("unknown option '" + arg + "'");
     } else {
@@ -204,13 +222,16 @@ HoleStats hole_stats(const std::vector<gvm::SegmentInfo>& map) {
 }
 
 void report(std::ostream& o, const std::string& path, gvm::vmm::Profile profile,
-            const gvm::Config& config, bool list_holes) {
+            const gvm::Config& config, bool list_holes, std::size_t at) {
   const Trace trace = gvm::bench::read_trace(path);
   if (trace.events.empty()) throw std::runtime_error(path + ": the trace has no events");
   const Peaks peaks = find_peaks(trace, profile, config);
 
+  if (at > trace.events.size())
+    throw ArgError("--at " + std::to_string(at) + ": " + path + " has " +
+                   std::to_string(trace.events.size()) + " events");
   Run run(trace, profile, config);
-  const std::size_t p = peaks.reserved_event;
+  const std::size_t p = at != 0 ? at - 1 : peaks.reserved_event;
   for (std::size_t i = 0; i < p; ++i) run.step(trace, trace.events[i]);
   const std::size_t reserved_before = run.reserved();
   const HoleStats before = hole_stats(run.allocator->memory_map(0));
@@ -219,7 +240,7 @@ void report(std::ostream& o, const std::string& path, gvm::vmm::Profile profile,
   const ExcessBreakdown x = gvm::bench::analyze_excess(
       map, run.driver->mapped(), run.live, stream_names(run, trace),
       run.allocator->caps(0).granularity);
-  if (x.reserved != peaks.reserved)
+  if (at == 0 && x.reserved != peaks.reserved)
     throw std::logic_error("the second replay reached " + std::to_string(x.reserved) +
                            " reserved bytes at the peak event, the first " +
                            std::to_string(peaks.reserved));
@@ -227,11 +248,19 @@ void report(std::ostream& o, const std::string& path, gvm::vmm::Profile profile,
   const TraceEvent& pe = trace.events[p];
   const double ratio = static_cast<double>(peaks.reserved) / static_cast<double>(peaks.live);
   o << "### " << base_name(path) << "\n\n";
-  o << "Peak reserved " << mib(peaks.reserved) << " MiB after event " << p + 1 << " of "
-    << trace.events.size() << " (" << (pe.op == TraceOp::allocate ? "allocate " : "free ")
-    << mib(pe.bytes) << " MiB on stream " << trace.stream_ids[pe.stream] << "); live then "
-    << mib(x.live) << " MiB; peak live " << mib(peaks.live) << " MiB (event "
-    << peaks.live_event + 1 << "); ratio ";
+  // The event reported: the peak's, or the one --at names.
+  const std::string event = std::string(pe.op == TraceOp::allocate ? "allocate " : "free ") +
+                           mib(pe.bytes) + " MiB on stream " +
+                           std::to_string(trace.stream_ids[pe.stream]);
+  if (at != 0) {
+    o << "At event " << at << " of " << trace.events.size() << " (" << event << "): reserved "
+      << mib(x.reserved) << " MiB, live " << mib(x.live) << " MiB. Peak reserved "
+      << mib(peaks.reserved) << " MiB after event " << peaks.reserved_event + 1;
+  } else {
+    o << "Peak reserved " << mib(peaks.reserved) << " MiB after event " << p + 1 << " of "
+      << trace.events.size() << " (" << event << "); live then " << mib(x.live) << " MiB";
+  }
+  o << "; peak live " << mib(peaks.live) << " MiB (event " << peaks.live_event + 1 << "); ratio ";
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.4f", ratio);
   o << buf << ". Over the whole replay: " << peaks.chunks_mapped << " chunks mapped, "
@@ -239,7 +268,8 @@ void report(std::ostream& o, const std::string& path, gvm::vmm::Profile profile,
     << ".\n\n";
 
   const std::size_t e = x.excess();
-  o << "| at the peak | MiB | share of the excess |\n|---|---|---|\n";
+  const char* moment = at != 0 ? "at the event" : "at the peak";
+  o << "| " << moment << " | MiB | share of the excess |\n|---|---|---|\n";
   auto row = [&](const char* what, std::size_t bytes) {
     o << "| " << what << " | " << mib(bytes) << " | " << pct(bytes, e) << " |\n";
   };
@@ -252,7 +282,7 @@ void report(std::ostream& o, const std::string& path, gvm::vmm::Profile profile,
   row("free hole bytes in granules shared with live data", x.hole_shared);
   row("free granules in chunks that hold live data", x.hole_granules_live);
   row("granules of wholly free chunks", x.free_chunks);
-  o << "\n" << x.chunks << " chunks mapped at the peak, " << x.chunks_wholly_free
+  o << "\n" << x.chunks << " chunks mapped " << moment << ", " << x.chunks_wholly_free
     << " of them wholly free; live: " << x.live_blocks_large << " large blocks, "
     << x.live_blocks_small << " small ones (" << mib(x.live_bytes_small) << " MiB).\n\n";
 
@@ -316,8 +346,9 @@ void report(std::ostream& o, const std::string& path, gvm::vmm::Profile profile,
   for (const Hole& h : x.holes) crossing += h.crosses_chunks ? 1 : 0;
   o << "\n" << x.holes.size() << " holes, " << crossing << " of them across a chunk boundary.";
   if (pe.op == TraceOp::allocate) {
-    o << " The growth that set the peak: a request of " << mib(pe.bytes) << " MiB grew reserved by "
-      << mib(peaks.reserved - reserved_before) << " MiB; the largest free hole before it was "
+    o << (at != 0 ? " The event" : " The growth that set the peak") << ": a request of "
+      << mib(pe.bytes) << " MiB grew reserved by "
+      << mib(x.reserved - std::min(x.reserved, reserved_before)) << " MiB; the largest free hole before it was "
       << mib(before.largest) << " MiB, all holes together " << mib(before.free_total) << " MiB.";
   }
   o << "\n\n";
@@ -353,7 +384,7 @@ int run(const Args& a) {
   std::ostringstream o;
   o << "Simulated " << gvm::vmm::profile(profile).name << ", conf " << gvm::to_string(config)
     << ".\n\n";
-  for (const std::string& t : a.traces) report(o, t, profile, config, a.list_holes);
+  for (const std::string& t : a.traces) report(o, t, profile, config, a.list_holes, a.at);
   std::cout << o.str() << std::flush;
   return 0;
 }
