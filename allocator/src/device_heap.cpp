@@ -2,24 +2,15 @@
 #include "device_heap.hpp"
 
 #include <algorithm>
-#include <cinttypes>
 #include <cstdio>
 #include <string>
 
 #include "gvm/allocator.hpp"
 #include "gvm/errors.hpp"
+#include "hex_address.hpp"
 #include "size_classes.hpp"
 
 namespace gvm::detail {
-namespace {
-
-std::string hex(std::uintptr_t p) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%" PRIxPTR, p);
-  return buf;
-}
-
-}  // namespace
 
 std::string format_bytes(std::size_t n) {
   char buf[64];
