@@ -277,6 +277,8 @@ class LargeArena {
 
   Block* find_fit(std::size_t size, std::size_t alignment, const StreamState* taker,
                   bool mapped_only, bool strict, std::uintptr_t* at);
+  // find_fit passes over free blocks larger than this (take's close mapped fit).
+  std::size_t fit_max_ = SIZE_MAX;
   Block* split_to(Block* b, std::uintptr_t at, std::size_t size);
   Block* split_after(Block* x, std::size_t keep);
   // The deferred block, of `size` bytes and whose waits name only `taker`

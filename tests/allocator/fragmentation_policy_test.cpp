@@ -418,6 +418,39 @@ TEST_F(FragmentationPolicy, AGrowthAtAnUnmappedHeadSlidesOntoALiveChunksFreeGran
   EXPECT_TRUE(invariants());
 }
 
+// Rule 9: where the best fit by size would grow, a fully mapped free block of
+// at most 1.5 times the request is taken instead; one larger than that is
+// left for a request of its size, and the best fit grows as before.
+TEST_F(FragmentationPolicy, AGrowthGivesWayToAMappedFreeBlockOfAtMostHalfAgainTheRequest) {
+  for (const std::size_t mapped_mib : {std::size_t{28}, std::size_t{30}}) {
+    SCOPED_TRACE(std::to_string(mapped_mib) + " MiB mapped free block");
+    Allocator& a = make();
+    void* x = a.allocate(20 * kMiB, 0, nullptr);
+    void* wall1 = a.allocate(2 * kMiB, 0, nullptr);
+    void* m = a.allocate(mapped_mib * kMiB, 0, nullptr);
+    void* wall2 = a.allocate(2 * kMiB, 0, nullptr);
+    a.deallocate(x, 20 * kMiB, 0, nullptr);
+    a.trim(0);  // x's chunk goes: 20 MiB of unmapped address space between blocks
+    a.deallocate(m, mapped_mib * kMiB, 0, nullptr);  // a mapped free block, kept
+    const DeviceStats before = stats();
+    ASSERT_EQ(before.reserved_bytes, (mapped_mib + 4) * kMiB);
+    // Best fit by size is the unmapped 20 MiB; 19 MiB there would map 20 anew.
+    void* y = a.allocate(19 * kMiB, 0, nullptr);
+    if (mapped_mib * 2 <= 19 * 3) {
+      EXPECT_EQ(y, m) << "the mapped block, within 1.5x of the request";
+      EXPECT_EQ(stats().reserved_bytes, before.reserved_bytes) << "no growth";
+      EXPECT_EQ(stats().chunks_mapped, before.chunks_mapped);
+    } else {
+      EXPECT_EQ(y, x) << "the best fit, the mapped block being above 1.5x";
+      EXPECT_EQ(stats().reserved_bytes, before.reserved_bytes + 20 * kMiB);
+    }
+    EXPECT_TRUE(invariants());
+    for (void* p : {y, wall1, wall2})
+      a.deallocate(p, p == y ? 19 * kMiB : 2 * kMiB, 0, nullptr);
+    EXPECT_TRUE(invariants());
+  }
+}
+
 // A block whose growth is cut into several chunks and that ends inside its
 // last granule maps that granule as a chunk of its own: the next block placed
 // after it shares the granule, and once the first block is freed only that
