@@ -65,7 +65,9 @@ class LargeArena {
   // The best free block of at least `size` at `alignment`, carved out and
   // returned allocated (not yet committed; its waits are what its taker
   // must order after). Among the few best fits one whose waits name only
-  // `taker` wins (a stream reuses its own memory without waiting).
+  // `taker` wins (a stream reuses its own memory without waiting). Where
+  // that fit would need a growth, a fully mapped free block of at most 1.5x
+  // `size` is taken instead if there is one (rule 9, docs/design-notes.md).
   // mapped_only: only blocks whose every granule is mapped (a steal).
   // Null when nothing fits.
   // strict: only blocks that need no wait for `taker` (a capture).
