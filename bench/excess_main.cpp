@@ -225,11 +225,11 @@ void report(std::ostream& o, const std::string& path, gvm::vmm::Profile profile,
             const gvm::Config& config, bool list_holes, std::size_t at) {
   const Trace trace = gvm::bench::read_trace(path);
   if (trace.events.empty()) throw std::runtime_error(path + ": the trace has no events");
-  const Peaks peaks = find_peaks(trace, profile, config);
-
   if (at > trace.events.size())
     throw ArgError("--at " + std::to_string(at) + ": " + path + " has " +
                    std::to_string(trace.events.size()) + " events");
+  const Peaks peaks = find_peaks(trace, profile, config);
+
   Run run(trace, profile, config);
   const std::size_t p = at != 0 ? at - 1 : peaks.reserved_event;
   for (std::size_t i = 0; i < p; ++i) run.step(trace, trace.events[i]);
