@@ -241,9 +241,8 @@ void* Heap::allocate_large_once(std::size_t bytes, StreamState& user, bool first
       // During a capture on the device no stream waits for another's work
       // (the wait may cross the capture's boundary): only memory this
       // stream used last, or none did, is taken.
-      b = arena_.take(size, kBlockAlignment, &user, false, device_.capturing());
+      b = arena_.take(size, kBlockAlignment, &user, false, device_.capturing(), &mapped);
       if (b != nullptr) {
-        mapped = arena_.fully_mapped(b);
         if (!mapped && !device_.capturing()) {
           b = slide_onto_live_chunks(arena_, b, size);
           mapped = arena_.fully_mapped(b);

@@ -25,13 +25,12 @@ Span* Heap::new_span(int size_class, std::size_t bytes, std::uintptr_t* first, b
   for (int attempt = 0; b == nullptr; ++attempt) {
     {
       std::lock_guard<SpinLock> guard(lock_);
-      b = arena_.take(kGranule, kGranule, &own, false, device_.capturing());
+      b = arena_.take(kGranule, kGranule, &own, false, device_.capturing(), &mapped);
       if (b != nullptr) {
         waits = b->waits;
         b->waits.clear();
         b->stream = &own;
         arena_.commit(b, counted);
-        mapped = arena_.fully_mapped(b);
       }
     }
     if (b == nullptr) {

@@ -225,7 +225,7 @@ Block* LargeArena::take_at(std::uintptr_t addr, std::size_t size) {
 }
 
 Block* LargeArena::take(std::size_t size, std::size_t alignment, const StreamState* taker,
-                        bool mapped_only, bool strict) {
+                        bool mapped_only, bool strict, bool* mapped) {
   settle();
   std::uintptr_t at = 0;
   Block* b = find_fit(size, alignment, taker, mapped_only, strict, &at);
@@ -242,7 +242,8 @@ Block* LargeArena::take(std::size_t size, std::size_t alignment, const StreamSta
   // still use. Bounded, because a mapped block much larger than
   // the request is the one that a later large request needs whole (2x took
   // BERT inference from 1.089 to 1.100 reserved per live byte).
-  if (b != nullptr && !mapped_only && !strict && !fully_mapped(at, at + size)) {
+  bool whole = b != nullptr && (mapped_only || fully_mapped(at, at + size));
+  if (b != nullptr && !whole && !strict) {
     std::uintptr_t mapped_at = 0;
     fit_max_ = size <= SIZE_MAX / 3 * 2 ? size + size / 2 : SIZE_MAX;
     Block* m = find_fit(size, alignment, taker, true, false, &mapped_at);
@@ -250,8 +251,10 @@ Block* LargeArena::take(std::size_t size, std::size_t alignment, const StreamSta
     if (m != nullptr) {
       b = m;
       at = mapped_at;
+      whole = true;
     }
   }
+  if (mapped != nullptr) *mapped = whole;
   if (b == nullptr) return nullptr;
   erase_free(b);
   b = split_to(b, at, size);

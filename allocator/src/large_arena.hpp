@@ -71,8 +71,10 @@ class LargeArena {
   // mapped_only: only blocks whose every granule is mapped (a steal).
   // Null when nothing fits.
   // strict: only blocks that need no wait for `taker` (a capture).
+  // mapped: set to whether the block returned is fully mapped (the caller's
+  // next question, answered once).
   Block* take(std::size_t size, std::size_t alignment, const StreamState* taker, bool mapped_only,
-              bool strict = false);
+              bool strict = false, bool* mapped = nullptr);
   // Exactly [addr, addr + size) of a free block, carved out like take's; null
   // if the range is not all inside one free block.
   Block* take_at(std::uintptr_t addr, std::size_t size);
