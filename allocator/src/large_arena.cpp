@@ -229,12 +229,16 @@ Block* LargeArena::take(std::size_t size, std::size_t alignment, const StreamSta
   settle();
   std::uintptr_t at = 0;
   Block* b = find_fit(size, alignment, taker, mapped_only, strict, &at);
+  // Whether the carve is all mapped (a mapped_only fit is, by find_fit).
+  auto all_mapped = [&] { return b != nullptr && (mapped_only || fully_mapped(at, at + size)); };
+  bool whole = all_mapped();
   // Nothing mapped fits, and free neighbours were left apart because
   // different streams used them: they are merged now, before the caller
   // grows or gives up (not in a capture, which may not wait for others).
-  if (split_pairs_ != 0 && !strict && (b == nullptr || !fully_mapped(at, at + size)) &&
-      merge_split_pairs() != 0)
+  if (split_pairs_ != 0 && !strict && !whole && merge_split_pairs() != 0) {
     b = find_fit(size, alignment, taker, mapped_only, strict, &at);
+    whole = all_mapped();
+  }
   // The best fit by size would grow: a fully mapped free block of at most
   // 1.5 times the request is taken instead (docs/design-notes.md, "Rule
   // 9"). A growth adds memory that stays; a close mapped fit leaves a free
@@ -242,7 +246,6 @@ Block* LargeArena::take(std::size_t size, std::size_t alignment, const StreamSta
   // still use. Bounded, because a mapped block much larger than
   // the request is the one that a later large request needs whole (2x took
   // BERT inference from 1.089 to 1.100 reserved per live byte).
-  bool whole = b != nullptr && (mapped_only || fully_mapped(at, at + size));
   if (b != nullptr && !whole && !strict) {
     std::uintptr_t mapped_at = 0;
     fit_max_ = size <= SIZE_MAX / 3 * 2 ? size + size / 2 : SIZE_MAX;
