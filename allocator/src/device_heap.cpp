@@ -111,6 +111,19 @@ std::size_t DeviceHeap::idle_for_growth(const Heap& h) const {
   return h.cached_bytes();
 }
 
+GrowthPlan DeviceHeap::plan_growth(const Heap& h, std::size_t need, std::size_t requested) const {
+  const auto live_after =
+      static_cast<std::size_t>(std::max<std::int64_t>(0, live_total())) + requested;
+  return policy_.plan(need, reserved(), budget_.peak(), live_after,
+                      static_cast<std::size_t>(peak_live_.load()),
+                      h.kind() != Heap::Kind::scratch, idle_for_growth(h));
+}
+
+bool DeviceHeap::growth_would_set_peak(const Heap& h, std::size_t need,
+                                       std::size_t requested) const {
+  return growth_raises_peak(need) && plan_growth(h, need, requested).release == 0;
+}
+
 void DeviceHeap::release_for_growth(Heap& h, const GrowthPlan& plan, HandleStash* keep) {
   // Empty spans are cached memory too: back to their arenas first, so that
   // their granules can go with the chunks.
@@ -135,13 +148,8 @@ std::vector<vmm::MappedChunk> DeviceHeap::map_for(Heap& h, const std::vector<Run
                                                   std::size_t need, std::size_t requested,
                                                   std::uintptr_t block_end,
                                                   const StreamState* user) {
-  const bool arena = h.kind() != Heap::Kind::scratch;
   const bool capture = capturing();
-  const auto live_after =
-      static_cast<std::size_t>(std::max<std::int64_t>(0, live_total())) + requested;
-  const GrowthPlan plan = policy_.plan(need, reserved(), budget_.peak(), live_after,
-                                       static_cast<std::size_t>(peak_live_.load()), arena,
-                                       idle_for_growth(h));
+  const GrowthPlan plan = plan_growth(h, need, requested);
   // During a capture nothing is released (a release fences: a host wait the
   // capture forbids); past the cap that is an out-of-memory that says so.
   // The release keeps the handles it unmaps for this growth
@@ -262,14 +270,9 @@ vmm::DevicePtr DeviceHeap::segment_for(Heap& h, std::size_t* bytes, std::size_t 
   // cuMemAlloc during a global capture is refused and fails it (docs/measurements.md,
   // "Stream capture"); which mode the caller's thread is in, gvmalloc cannot tell.
   if (capturing()) throw_oom(requested, kCaptureDevice);
-  const bool arena = h.kind() != Heap::Kind::scratch;
   const std::size_t need = *bytes;
-  const auto live_after =
-      static_cast<std::size_t>(std::max<std::int64_t>(0, live_total())) + requested;
   // The same rules as the VMM path, by whole segments.
-  const GrowthPlan plan = policy_.plan(need, reserved(), budget_.peak(), live_after,
-                                       static_cast<std::size_t>(peak_live_.load()), arena,
-                                       idle_for_growth(h));
+  const GrowthPlan plan = plan_growth(h, need, requested);
   const bool capture = capturing();
   if (plan.release != 0 && !capture) release_for_growth(h, plan, nullptr);
   const std::size_t cap = policy_.cap();

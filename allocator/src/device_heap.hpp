@@ -194,6 +194,11 @@ class DeviceHeap {
   bool growth_raises_peak(std::size_t need) const noexcept {
     return GrowthPolicy::raises_peak(need, reserved(), budget_.peak());
   }
+  // A growth of h by `need` bytes for a block of `requested` bytes would
+  // raise the peak of reserved bytes and the growth policy would release
+  // nothing before it: the growth would stay as the new peak (rule 10,
+  // Heap::allocate_large_once). Takes h's lock: call without it.
+  bool growth_would_set_peak(const Heap& h, std::size_t need, std::size_t requested) const;
   void reset_peaks() noexcept;
   void count_fence() noexcept { fences_.fetch_add(1, std::memory_order_relaxed); }
   void count_cross_stream_waits(std::uint64_t n) noexcept {
@@ -217,6 +222,9 @@ class DeviceHeap {
   // h's wholly free chunk bytes that a growth of h may release (rule 5):
   // none for the scratch or a private pool still in use.
   std::size_t idle_for_growth(const Heap& h) const;
+  // What GrowthPolicy::plan says for a growth of h by `need` bytes for a
+  // block of `requested` bytes, on the device's figures now.
+  GrowthPlan plan_growth(const Heap& h, std::size_t need, std::size_t requested) const;
   // deallocate in the page map's entry of addr's granule (found already).
   bool deallocate_in(const PageEntry& e, std::uintptr_t addr, std::size_t bytes,
                      vmm::StreamHandle stream, bool own_stream, std::size_t* requested);

@@ -260,12 +260,17 @@ class Heap {
   void device_release_above_threshold() noexcept;
   // Before growing it may take again, once for each: after learning which
   // streams' work finished (first_try: learn_finished may still be asked),
-  // and after giving unused spans back (reclaim: unused_spans_before_peak).
+  // after giving unused spans back (reclaim: unused_spans_before_peak), and
+  // from mapped free blocks of any size (any_mapped: rule 10, where the
+  // growth would set a new peak of reserved bytes).
   void* allocate_large_once(std::size_t bytes, StreamState& user, bool first_try = true,
-                            bool reclaim = true);
+                            bool reclaim = true, bool any_mapped = false);
   // This heap has unused spans and mapping what b lacks would raise the
   // device's peak of reserved bytes: the spans go back to the arena (true).
   bool unused_spans_before_peak(const Block* b);
+  // Mapping what b lacks would raise the device's peak of reserved bytes and
+  // the growth policy would release nothing first (rule 10).
+  bool growth_would_set_peak(const Block* b, std::size_t bytes);
   // Before a growth: if free neighbours are kept apart by tokens, asks the
   // driver which streams' work finished (AccessTracker::poll, lock_
   // released) and, if any did, lets the arena merge them. True: take again.

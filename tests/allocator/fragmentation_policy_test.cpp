@@ -451,6 +451,43 @@ TEST_F(FragmentationPolicy, AGrowthGivesWayToAMappedFreeBlockOfAtMostHalfAgainTh
   }
 }
 
+// Rule 10: a growth that would raise the peak of reserved bytes, where the
+// growth policy releases nothing to make room for it, takes a fully mapped
+// free block of any size instead: the growth would stay as the new peak, the
+// mapped block costs nothing. Below the peak the best fit grows as before.
+TEST_F(FragmentationPolicy, AGrowthThatWouldSetANewPeakTakesAMappedFreeBlockOfAnySize) {
+  for (const bool at_peak : {true, false}) {
+    SCOPED_TRACE(at_peak ? "the growth would raise the peak" : "below the peak");
+    Allocator& a = make();
+    void* x = a.allocate(6 * kMiB, 0, nullptr);
+    void* wall1 = a.allocate(2 * kMiB, 0, nullptr);
+    void* m = a.allocate(40 * kMiB, 0, nullptr);
+    void* wall2 = a.allocate(2 * kMiB, 0, nullptr);
+    a.deallocate(x, 6 * kMiB, 0, nullptr);
+    a.trim(0);  // x's chunk goes: 6 MiB of unmapped address space between blocks
+    a.deallocate(m, 40 * kMiB, 0, nullptr);  // a mapped free block, kept
+    if (at_peak) a.reset_peak_stats(0);  // the peak is what is reserved now
+    const DeviceStats before = stats();
+    ASSERT_EQ(before.reserved_bytes, 44 * kMiB);
+    // Best fit by size is the unmapped 6 MiB, which would map 4 MiB anew: too
+    // small a growth for a release (under 8 MiB, and 40 MiB idle is under 16
+    // times it), and the mapped block is more than 1.5 times the request.
+    void* y = a.allocate(4 * kMiB, 0, nullptr);
+    if (at_peak) {
+      EXPECT_EQ(y, m) << "the mapped block: a growth would be the new peak";
+      EXPECT_EQ(stats().reserved_bytes, before.reserved_bytes) << "no growth";
+      EXPECT_EQ(stats().chunks_mapped, before.chunks_mapped);
+    } else {
+      EXPECT_EQ(y, x) << "the best fit: its growth stays under the peak";
+      EXPECT_EQ(stats().reserved_bytes, before.reserved_bytes + 4 * kMiB);
+    }
+    EXPECT_TRUE(invariants());
+    for (void* p : {y, wall1, wall2})
+      a.deallocate(p, p == y ? 4 * kMiB : 2 * kMiB, 0, nullptr);
+    EXPECT_TRUE(invariants());
+  }
+}
+
 // A block whose growth is cut into several chunks and that ends inside its
 // last granule maps that granule as a chunk of its own: the next block placed
 // after it shares the granule, and once the first block is freed only that
