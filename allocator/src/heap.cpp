@@ -228,10 +228,15 @@ bool Heap::unused_spans_before_peak(const Block* b) {
   return device_.growth_raises_peak(need) && reclaim_spans() != 0;
 }
 
-bool Heap::growth_would_set_peak(const Block* b, std::size_t bytes) {
+bool Heap::mapped_fit_instead_of_peak(const Block* b, std::size_t size, std::size_t bytes,
+                                      const StreamState& user) {
   std::size_t need = 0;
   {
     std::lock_guard<SpinLock> guard(lock_);
+    // First whether there is anything to take instead: most growths (a
+    // first step's) find no mapped block, and the walk over b's pages and
+    // the plan are left out for them.
+    if (!arena_.has_mapped_fit(size, kBlockAlignment, &user)) return false;
     for (const auto& r : arena_.unmapped_runs(b)) need += r.second;
   }
   return device_.growth_would_set_peak(*this, need, bytes);
@@ -249,9 +254,10 @@ void* Heap::allocate_large_once(std::size_t bytes, StreamState& user, bool first
       std::lock_guard<SpinLock> guard(lock_);
       // During a capture on the device no stream waits for another's work
       // (the wait may cross the capture's boundary): only memory this
-      // stream used last, or none did, is taken.
-      // Rule 10's second look: a mapped free block of any size, else as before.
-      if (any_mapped)
+      // stream used last, or none did, is taken. Rule 10's second look
+      // (any_mapped) takes a fully mapped free block, or as before if that
+      // went meanwhile.
+      if (any_mapped) [[unlikely]]
         b = arena_.take(size, kBlockAlignment, &user, true, device_.capturing(), &mapped);
       if (b == nullptr)
         b = arena_.take(size, kBlockAlignment, &user, false, device_.capturing(), &mapped);
@@ -312,14 +318,16 @@ void* Heap::allocate_large_once(std::size_t bytes, StreamState& user, bool first
     undo();
     return allocate_large_once(bytes, user, false, reclaim, any_mapped);
   }
-  if (!mapped && !any_mapped && !device_.capturing() && growth_would_set_peak(b, bytes)) {
+  if (!mapped && !any_mapped && !device_.capturing() &&
+      mapped_fit_instead_of_peak(b, size, bytes, user)) {
     // Rule 10 (docs/design-notes.md): this growth would raise the device's
     // peak of reserved bytes, and no release comes before it, so the bytes
-    // it maps would stay as the new peak. A mapped free block of this heap,
-    // of any size, costs no peak: it is taken instead where there is one.
-    // (Where the policy releases, the release keeps the peak and the best
-    // fit stays: taking large mapped holes there split them, and BERT
-    // inference went from 1.10 to 1.22 reserved per live byte.)
+    // it maps would stay as the new peak. A fully mapped free block of this
+    // heap costs no peak, however much larger than the request (the best
+    // of the bins find_fit looks at): it is taken instead. (Where the policy
+    // releases, the release keeps the peak and the best fit stays: taking
+    // large mapped holes there split them, and BERT inference went from
+    // 1.10 to 1.22 reserved per live byte.)
     undo();
     return allocate_large_once(bytes, user, first_try, reclaim, true);
   }

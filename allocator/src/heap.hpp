@@ -268,9 +268,11 @@ class Heap {
   // This heap has unused spans and mapping what b lacks would raise the
   // device's peak of reserved bytes: the spans go back to the arena (true).
   bool unused_spans_before_peak(const Block* b);
-  // Mapping what b lacks would raise the device's peak of reserved bytes and
-  // the growth policy would release nothing first (rule 10).
-  bool growth_would_set_peak(const Block* b, std::size_t bytes);
+  // Rule 10: a fully mapped free block of this heap would take the request
+  // (`size`, rounded, for `bytes`), and mapping what b lacks would raise the
+  // device's peak of reserved bytes with no release first.
+  bool mapped_fit_instead_of_peak(const Block* b, std::size_t size, std::size_t bytes,
+                                  const StreamState& user);
   // Before a growth: if free neighbours are kept apart by tokens, asks the
   // driver which streams' work finished (AccessTracker::poll, lock_
   // released) and, if any did, lets the arena merge them. True: take again.

@@ -168,6 +168,13 @@ class LargeArena {
   bool fully_mapped(std::uintptr_t addr, std::uintptr_t end) const;
   // Runs of unmapped granules under b.
   std::vector<Run> unmapped_runs(const Block* b) const;
+  // Whether a fully mapped free block would take a request of `size` now, as
+  // take(..., mapped_only) would find it (rule 10 asks before it gives its
+  // best fit back: Heap::mapped_fit_instead_of_peak).
+  bool has_mapped_fit(std::size_t size, std::size_t alignment, const StreamState* taker) {
+    std::uintptr_t at = 0;
+    return find_fit(size, alignment, taker, true, false, &at) != nullptr;
+  }
   // Counts b on the chunks under it (all mapped) / uncounts it.
   void commit(const Block* b);
   void uncommit(const Block* b);
