@@ -261,8 +261,9 @@ class Heap {
   // Before growing it may take again, once for each: after learning which
   // streams' work finished (first_try: learn_finished may still be asked),
   // after giving unused spans back (reclaim: unused_spans_before_peak), and
-  // from mapped free blocks of any size (any_mapped: rule 10, where the
-  // growth would set a new peak of reserved bytes).
+  // from a fully mapped free block however much larger than the request
+  // (any_mapped: rule 10, where the growth would set a new peak of reserved
+  // bytes).
   void* allocate_large_once(std::size_t bytes, StreamState& user, bool first_try = true,
                             bool reclaim = true, bool any_mapped = false);
   // This heap has unused spans and mapping what b lacks would raise the
