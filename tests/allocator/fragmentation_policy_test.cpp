@@ -488,6 +488,34 @@ TEST_F(FragmentationPolicy, AGrowthThatWouldSetANewPeakTakesAMappedFreeBlockOfAn
   }
 }
 
+// Rule 10 leaves alone a growth that the growth policy makes room for: at a
+// new peak, past the slack bound and large enough, the wholly free chunks go
+// back first, the peak stays, and the best fit grows. (Taking the mapped
+// block there instead kept 40 MiB mapped for a 10 MiB request, and on BERT
+// inference split the holes its larger requests needed.)
+TEST_F(FragmentationPolicy, AGrowthThatAReleaseMakesRoomForKeepsItsBestFit) {
+  Allocator& a = make();
+  void* x = a.allocate(12 * kMiB, 0, nullptr);
+  void* wall1 = a.allocate(2 * kMiB, 0, nullptr);
+  void* m = a.allocate(40 * kMiB, 0, nullptr);
+  void* wall2 = a.allocate(2 * kMiB, 0, nullptr);
+  a.deallocate(x, 12 * kMiB, 0, nullptr);
+  a.trim(0);  // 12 MiB of unmapped address space between blocks
+  a.deallocate(m, 40 * kMiB, 0, nullptr);  // a wholly free chunk, mapped
+  a.reset_peak_stats(0);
+  ASSERT_EQ(stats().reserved_bytes, 44 * kMiB);
+  // 10 MiB into the unmapped 12 would raise the peak, past 1.02 times the
+  // live bytes, by at least 8 MiB: the policy releases m's chunk first.
+  void* y = a.allocate(10 * kMiB, 0, nullptr);
+  EXPECT_EQ(y, x) << "the best fit, with a release before its growth";
+  EXPECT_EQ(stats().reserved_bytes, 14 * kMiB);
+  EXPECT_EQ(stats().peak_reserved_bytes, 44 * kMiB) << "the release kept the peak";
+  EXPECT_TRUE(invariants());
+  for (void* p : {y, wall1, wall2})
+    a.deallocate(p, p == y ? 10 * kMiB : 2 * kMiB, 0, nullptr);
+  EXPECT_TRUE(invariants());
+}
+
 // A block whose growth is cut into several chunks and that ends inside its
 // last granule maps that granule as a chunk of its own: the next block placed
 // after it shares the granule, and once the first block is freed only that
