@@ -223,7 +223,7 @@ bool Heap::unused_spans_before_peak(const Block* b) {
   {
     std::lock_guard<SpinLock> guard(lock_);
     if (small_.unused_spans().empty()) return false;
-    for (const auto& r : arena_.unmapped_runs(b)) need += r.second;
+    need = arena_.unmapped_bytes(b);
   }
   return device_.growth_raises_peak(need) && reclaim_spans() != 0;
 }
@@ -237,7 +237,7 @@ bool Heap::mapped_fit_instead_of_peak(const Block* b, std::size_t size, std::siz
     // first step's) find no mapped block, and the walk over b's pages and
     // the plan are left out for them.
     if (!arena_.has_mapped_fit(size, kBlockAlignment, &user)) return false;
-    for (const auto& r : arena_.unmapped_runs(b)) need += r.second;
+    need = arena_.unmapped_bytes(b);
   }
   return device_.growth_would_set_peak(*this, need, bytes);
 }

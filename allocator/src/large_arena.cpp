@@ -502,6 +502,12 @@ std::vector<Run> LargeArena::unmapped_runs(const Block* b) const {
   return runs;
 }
 
+std::size_t LargeArena::unmapped_bytes(const Block* b) const {
+  std::size_t n = 0;
+  for (const auto& r : unmapped_runs(b)) n += r.second;
+  return n;
+}
+
 void LargeArena::commit(const Block* b) {
   for_each_chunk(b, [&](std::uint32_t c) { change_chunk(c, [](ChunkRec& r) { ++r.live; }); });
 }

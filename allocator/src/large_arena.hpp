@@ -168,6 +168,8 @@ class LargeArena {
   bool fully_mapped(std::uintptr_t addr, std::uintptr_t end) const;
   // Runs of unmapped granules under b.
   std::vector<Run> unmapped_runs(const Block* b) const;
+  // Their bytes: what a growth of b would map.
+  std::size_t unmapped_bytes(const Block* b) const;
   // Whether a fully mapped free block would take a request of `size` now, as
   // take(..., mapped_only) would find it (rule 10 asks before it gives its
   // best fit back: Heap::mapped_fit_instead_of_peak).

@@ -418,6 +418,26 @@ TEST_F(FragmentationPolicy, AGrowthAtAnUnmappedHeadSlidesOntoALiveChunksFreeGran
   EXPECT_TRUE(invariants());
 }
 
+// The layout of rules 9 and 10: unmapped address space of `hole` MiB (a
+// block's chunk trimmed) and a mapped free block of `mapped` MiB, each
+// before a live wall of 2 MiB. `gap` is where the unmapped space starts.
+struct HoleAndMappedBlock {
+  void* gap = nullptr;
+  void* mapped = nullptr;
+  void* walls[2] = {nullptr, nullptr};
+};
+HoleAndMappedBlock hole_and_mapped_block(Allocator& a, std::size_t hole, std::size_t mapped) {
+  HoleAndMappedBlock l;
+  l.gap = a.allocate(hole * kMiB, 0, nullptr);
+  l.walls[0] = a.allocate(2 * kMiB, 0, nullptr);
+  l.mapped = a.allocate(mapped * kMiB, 0, nullptr);
+  l.walls[1] = a.allocate(2 * kMiB, 0, nullptr);
+  a.deallocate(l.gap, hole * kMiB, 0, nullptr);
+  a.trim(0);  // the first block's chunk goes: unmapped space between blocks
+  a.deallocate(l.mapped, mapped * kMiB, 0, nullptr);  // a mapped free block, kept
+  return l;
+}
+
 // Rule 9: where the best fit by size would grow, a fully mapped free block of
 // at most 1.5 times the request is taken instead; one larger than that is
 // left for a request of its size, and the best fit grows as before.
@@ -425,13 +445,9 @@ TEST_F(FragmentationPolicy, AGrowthGivesWayToAMappedFreeBlockOfAtMostHalfAgainTh
   for (const std::size_t mapped_mib : {std::size_t{28}, std::size_t{30}}) {
     SCOPED_TRACE(std::to_string(mapped_mib) + " MiB mapped free block");
     Allocator& a = make();
-    void* x = a.allocate(20 * kMiB, 0, nullptr);
-    void* wall1 = a.allocate(2 * kMiB, 0, nullptr);
-    void* m = a.allocate(mapped_mib * kMiB, 0, nullptr);
-    void* wall2 = a.allocate(2 * kMiB, 0, nullptr);
-    a.deallocate(x, 20 * kMiB, 0, nullptr);
-    a.trim(0);  // x's chunk goes: 20 MiB of unmapped address space between blocks
-    a.deallocate(m, mapped_mib * kMiB, 0, nullptr);  // a mapped free block, kept
+    const HoleAndMappedBlock l = hole_and_mapped_block(a, 20, mapped_mib);
+    void* const x = l.gap;
+    void* const m = l.mapped;
     const DeviceStats before = stats();
     ASSERT_EQ(before.reserved_bytes, (mapped_mib + 4) * kMiB);
     // Best fit by size is the unmapped 20 MiB; 19 MiB there would map 20 anew.
@@ -445,8 +461,8 @@ TEST_F(FragmentationPolicy, AGrowthGivesWayToAMappedFreeBlockOfAtMostHalfAgainTh
       EXPECT_EQ(stats().reserved_bytes, before.reserved_bytes + 20 * kMiB);
     }
     EXPECT_TRUE(invariants());
-    for (void* p : {y, wall1, wall2})
-      a.deallocate(p, p == y ? 19 * kMiB : 2 * kMiB, 0, nullptr);
+    a.deallocate(y, 19 * kMiB, 0, nullptr);
+    for (void* w : l.walls) a.deallocate(w, 2 * kMiB, 0, nullptr);
     EXPECT_TRUE(invariants());
   }
 }
@@ -459,13 +475,9 @@ TEST_F(FragmentationPolicy, AGrowthThatWouldSetANewPeakTakesAMappedFreeBlockOfAn
   for (const bool at_peak : {true, false}) {
     SCOPED_TRACE(at_peak ? "the growth would raise the peak" : "below the peak");
     Allocator& a = make();
-    void* x = a.allocate(6 * kMiB, 0, nullptr);
-    void* wall1 = a.allocate(2 * kMiB, 0, nullptr);
-    void* m = a.allocate(40 * kMiB, 0, nullptr);
-    void* wall2 = a.allocate(2 * kMiB, 0, nullptr);
-    a.deallocate(x, 6 * kMiB, 0, nullptr);
-    a.trim(0);  // x's chunk goes: 6 MiB of unmapped address space between blocks
-    a.deallocate(m, 40 * kMiB, 0, nullptr);  // a mapped free block, kept
+    const HoleAndMappedBlock l = hole_and_mapped_block(a, 6, 40);
+    void* const x = l.gap;
+    void* const m = l.mapped;
     if (at_peak) a.reset_peak_stats(0);  // the peak is what is reserved now
     const DeviceStats before = stats();
     ASSERT_EQ(before.reserved_bytes, 44 * kMiB);
@@ -482,8 +494,8 @@ TEST_F(FragmentationPolicy, AGrowthThatWouldSetANewPeakTakesAMappedFreeBlockOfAn
       EXPECT_EQ(stats().reserved_bytes, before.reserved_bytes + 4 * kMiB);
     }
     EXPECT_TRUE(invariants());
-    for (void* p : {y, wall1, wall2})
-      a.deallocate(p, p == y ? 4 * kMiB : 2 * kMiB, 0, nullptr);
+    a.deallocate(y, 4 * kMiB, 0, nullptr);
+    for (void* w : l.walls) a.deallocate(w, 2 * kMiB, 0, nullptr);
     EXPECT_TRUE(invariants());
   }
 }
@@ -495,24 +507,19 @@ TEST_F(FragmentationPolicy, AGrowthThatWouldSetANewPeakTakesAMappedFreeBlockOfAn
 // inference split the holes its larger requests needed.)
 TEST_F(FragmentationPolicy, AGrowthThatAReleaseMakesRoomForKeepsItsBestFit) {
   Allocator& a = make();
-  void* x = a.allocate(12 * kMiB, 0, nullptr);
-  void* wall1 = a.allocate(2 * kMiB, 0, nullptr);
-  void* m = a.allocate(40 * kMiB, 0, nullptr);
-  void* wall2 = a.allocate(2 * kMiB, 0, nullptr);
-  a.deallocate(x, 12 * kMiB, 0, nullptr);
-  a.trim(0);  // 12 MiB of unmapped address space between blocks
-  a.deallocate(m, 40 * kMiB, 0, nullptr);  // a wholly free chunk, mapped
+  // 12 MiB unmapped, and a wholly free chunk of 40 MiB mapped.
+  const HoleAndMappedBlock l = hole_and_mapped_block(a, 12, 40);
   a.reset_peak_stats(0);
   ASSERT_EQ(stats().reserved_bytes, 44 * kMiB);
   // 10 MiB into the unmapped 12 would raise the peak, past 1.02 times the
   // live bytes, by at least 8 MiB: the policy releases m's chunk first.
   void* y = a.allocate(10 * kMiB, 0, nullptr);
-  EXPECT_EQ(y, x) << "the best fit, with a release before its growth";
+  EXPECT_EQ(y, l.gap) << "the best fit, with a release before its growth";
   EXPECT_EQ(stats().reserved_bytes, 14 * kMiB);
   EXPECT_EQ(stats().peak_reserved_bytes, 44 * kMiB) << "the release kept the peak";
   EXPECT_TRUE(invariants());
-  for (void* p : {y, wall1, wall2})
-    a.deallocate(p, p == y ? 10 * kMiB : 2 * kMiB, 0, nullptr);
+  a.deallocate(y, 10 * kMiB, 0, nullptr);
+  for (void* w : l.walls) a.deallocate(w, 2 * kMiB, 0, nullptr);
   EXPECT_TRUE(invariants());
 }
 
