@@ -1,6 +1,7 @@
 #include "excess.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 #include <unordered_set>
 
@@ -28,6 +29,20 @@ ChunkRef* chunk_at(std::vector<ChunkRef>& chunks, std::uintptr_t addr) {
   return addr - it->addr < it->size ? &*it : nullptr;
 }
 
+// The driver's mappings inside the arena's (not the scratch's) segments, in
+// address order.
+std::vector<ChunkRef> arena_chunks(const std::vector<SegmentInfo>& segments,
+                                   const std::map<std::uintptr_t, std::size_t>& mapped) {
+  std::vector<ChunkRef> chunks;
+  for (const auto& [addr, size] : mapped) {
+    const bool in_arena = std::any_of(segments.begin(), segments.end(), [&](const SegmentInfo& s) {
+      return !s.scratch && addr - s.addr < s.size;
+    });
+    if (in_arena) chunks.push_back(ChunkRef{addr, size});
+  }
+  return chunks;
+}
+
 }  // namespace
 
 ExcessBreakdown analyze_excess(const std::vector<SegmentInfo>& segments,
@@ -44,13 +59,7 @@ ExcessBreakdown analyze_excess(const std::vector<SegmentInfo>& segments,
   std::vector<const SegmentInfo*> arena;
   for (const SegmentInfo& s : segments)
     if (!s.scratch) arena.push_back(&s);
-  std::vector<ChunkRef> chunks;
-  for (const auto& [addr, size] : mapped) {
-    const bool in_arena = std::any_of(arena.begin(), arena.end(), [&](const SegmentInfo* s) {
-      return addr - s->addr < s->size;
-    });
-    if (in_arena) chunks.push_back(ChunkRef{addr, size});
-  }
+  std::vector<ChunkRef> chunks = arena_chunks(segments, mapped);
 
   // Pass 1: which granules and chunks hold live bytes.
   std::unordered_set<std::uintptr_t> live_granules;
@@ -156,6 +165,69 @@ ExcessBreakdown analyze_excess(const std::vector<SegmentInfo>& segments,
   if (sum != r.reserved)
     throw std::logic_error("analyze_excess: categories add up to " + std::to_string(sum) +
                            " bytes, reserved is " + std::to_string(r.reserved));
+  return r;
+}
+
+ChunkEnds chunk_free_ends(const std::vector<SegmentInfo>& segments,
+                          const std::map<std::uintptr_t, std::size_t>& mapped) {
+  const std::vector<ChunkRef> chunks = arena_chunks(segments, mapped);
+  // The first and last byte in use of each chunk (lo > hi: nothing in use).
+  std::vector<std::uintptr_t> lo, hi;
+  for (const ChunkRef& c : chunks) {
+    lo.push_back(c.addr + c.size);
+    hi.push_back(c.addr);
+  }
+  auto index_at = [&](std::uintptr_t a) -> std::size_t {
+    auto it = std::upper_bound(chunks.begin(), chunks.end(), a,
+                               [](std::uintptr_t x, const ChunkRef& c) { return x < c.addr; });
+    return static_cast<std::size_t>(it - chunks.begin());  // one past the chunk at or below a
+  };
+  for (const SegmentInfo& s : segments) {
+    if (s.scratch) continue;
+    for (const BlockInfo& b : s.blocks) {
+      if (!b.allocated && !b.small) continue;
+      // Every chunk the block overlaps: from the one holding its start on.
+      std::size_t i = index_at(b.addr);
+      i = i == 0 ? 0 : i - 1;
+      for (; i < chunks.size() && chunks[i].addr < b.addr + b.size; ++i) {
+        const ChunkRef& c = chunks[i];
+        if (c.addr + c.size <= b.addr) continue;
+        lo[i] = std::min(lo[i], std::max(b.addr, c.addr));
+        hi[i] = std::max(hi[i], std::min(b.addr + b.size, c.addr + c.size));
+      }
+    }
+  }
+  ChunkEnds r;
+  // The two largest free ends and starts, with their chunks: the best pair
+  // takes them from two different chunks.
+  struct Top {
+    std::size_t bytes = 0;
+    std::size_t chunk = SIZE_MAX;
+  };
+  Top end1, end2, start1, start2;
+  auto keep = [](Top& first, Top& second, std::size_t bytes, std::size_t chunk) {
+    if (bytes > first.bytes || first.chunk == SIZE_MAX) {
+      second = first;
+      first = Top{bytes, chunk};
+    } else if (bytes > second.bytes || second.chunk == SIZE_MAX) {
+      second = Top{bytes, chunk};
+    }
+  };
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    const ChunkRef& c = chunks[i];
+    if (lo[i] > hi[i]) {
+      r.wholly_free += c.size;
+      continue;
+    }
+    keep(end1, end2, c.addr + c.size - hi[i], i);
+    keep(start1, start2, lo[i] - c.addr, i);
+  }
+  r.largest_end = end1.bytes;
+  r.largest_start = start1.bytes;
+  for (const Top& e : {end1, end2})
+    for (const Top& st : {start1, start2})
+      if (e.chunk != SIZE_MAX && st.chunk != SIZE_MAX && e.chunk != st.chunk)
+        r.best_pair = std::max(r.best_pair, e.bytes + st.bytes);
   return r;
 }
 

@@ -85,4 +85,24 @@ ExcessBreakdown analyze_excess(const std::vector<SegmentInfo>& segments,
                                const std::unordered_map<const void*, std::uint64_t>& stream_names,
                                std::size_t granule);
 
+// The free ends of the arena's chunks: what a block could be made of if the
+// handles of two chunks that hold live data were mapped whole a second time,
+// side by side at a new address (the driver lets a whole handle stand at two
+// addresses at once: docs/measurements.md, "Mapping part of a handle"). The
+// free end of the first and the free start of the second then meet, and
+// hold a block of their sum without a new byte. Not a policy gvmalloc has: a
+// measure of what one would be worth (docs/design-notes.md, "Free chunk
+// ends"). "In use" is a live block or a small-block span (its free slots
+// included: the span holds its granule).
+struct ChunkEnds {
+  std::size_t best_pair = 0;      // one chunk's free end + another's free start, the largest
+  std::size_t largest_end = 0;    // the largest free end of a chunk in use
+  std::size_t largest_start = 0;  // the largest free start of a chunk in use
+  std::size_t wholly_free = 0;    // bytes of chunks with nothing in use
+};
+
+// `segments` and `mapped` as for analyze_excess (scratch left out).
+ChunkEnds chunk_free_ends(const std::vector<SegmentInfo>& segments,
+                          const std::map<std::uintptr_t, std::size_t>& mapped);
+
 }  // namespace gvm::bench

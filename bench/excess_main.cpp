@@ -234,7 +234,9 @@ void report(std::ostream& o, const std::string& path, gvm::vmm::Profile profile,
   const std::size_t p = at != 0 ? at - 1 : peaks.reserved_event;
   for (std::size_t i = 0; i < p; ++i) run.step(trace, trace.events[i]);
   const std::size_t reserved_before = run.reserved();
-  const HoleStats before = hole_stats(run.allocator->memory_map(0));
+  const auto map_before = run.allocator->memory_map(0);
+  const HoleStats before = hole_stats(map_before);
+  const gvm::bench::ChunkEnds ends = gvm::bench::chunk_free_ends(map_before, run.driver->mapped());
   run.step(trace, trace.events[p]);
   const auto map = run.allocator->memory_map(0);
   const ExcessBreakdown x = gvm::bench::analyze_excess(
@@ -350,6 +352,16 @@ void report(std::ostream& o, const std::string& path, gvm::vmm::Profile profile,
       << mib(pe.bytes) << " MiB grew reserved by "
       << mib(x.reserved - std::min(x.reserved, reserved_before)) << " MiB; the largest free hole before it was "
       << mib(before.largest) << " MiB, all holes together " << mib(before.free_total) << " MiB.";
+    // What the free ends of two chunks could have served (bench/excess.hpp,
+    // ChunkEnds): the rest of the request in new granules between them.
+    const std::size_t g = x.granule;
+    const std::size_t rest = pe.bytes > ends.best_pair ? pe.bytes - ends.best_pair : 0;
+    o << " Free chunk ends before it: one chunk's free end and another's free start "
+      << mib(ends.best_pair) << " MiB together (the largest end " << mib(ends.largest_end)
+      << " MiB, start " << mib(ends.largest_start) << " MiB), chunks with nothing in use "
+      << mib(ends.wholly_free) << " MiB; the request made of those two chunks mapped again side by "
+         "side would have needed "
+      << mib((rest + g - 1) / g * g) << " MiB of new memory.";
   }
   o << "\n\n";
   if (list_holes && !map.empty()) {

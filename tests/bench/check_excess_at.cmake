@@ -40,6 +40,10 @@ endif()
 run_excess()
 expect("after event 4 of 4 (allocate 6.0 MiB on stream 0); live then 10.0 MiB" "${out}")
 expect("| at the peak | MiB |" "${out}")
+# Block 1's chunk holds nothing when block 3 comes: the free chunk ends
+# (bench/excess.hpp, ChunkEnds) count it whole, and no two chunks have free
+# ends to pair.
+expect("Free chunk ends before it: one chunk's free end and another's free start 0.0 MiB together (the largest end 0.0 MiB, start 0.0 MiB), chunks with nothing in use 4.0 MiB; the request made of those two chunks mapped again side by side would have needed 6.0 MiB of new memory." "${out}")
 
 foreach(bad 5 0 -1 x 2x)
   run_excess(--at ${bad})
