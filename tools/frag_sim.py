@@ -7,100 +7,207 @@ chunks made for exactly the unmapped granules a block needs (up to
 MAX_CHUNK_MIB each), and - with SLACK >= 0 - wholly free chunks released before
 growing while reserved would pass live x (1 + SLACK). It counts chunks made and
 released. It is how the defaults of max_chunk_size and reserve_slack were
-chosen; the real figures come from gvm-replay.
+chosen; the real figures come from gvm-replay. Streams are not modelled.
 
   tools/frag_sim.py [TRACE] [MAX_CHUNK_MIB] [SLACK]
   tools/frag_sim.py traces/gpt2_train.trace.gz 128 0.02
   tools/frag_sim.py traces/gpt2_train.trace.gz 128 -1     # never release
+
+STITCH=peak|all adds a policy gvmalloc does not have (docs/design-notes.md,
+"Free chunk ends"): a request that would grow is made instead of the free end
+of one chunk that holds live data and the free start of another, both handles
+mapped whole a second time side by side at a new address, with new memory for
+what they lack between them - when that needs fewer new bytes than the best
+fit's growth (peak: only where the growth would raise the peak of reserved
+bytes; all: wherever). The two free ends stay lent to the block until it is
+freed; its new memory is a chunk of its own (among the chunks made), released
+with its free. The calls of the second mappings (two maps and their access,
+two unmaps at the free) are counted apart.
 """
 import bisect
 import gzip
+import os
 import sys
 
 G = 2 << 20  # granule
+
+
+def read_events(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    events = []
+    with opener(path, "rt") as f:
+        for line in f:
+            p = line.split()
+            if p and not p[0].startswith("#"):
+                events.append((p[0] == "a", int(p[1]), int(p[2]) if p[0] == "a" else 0))
+    return events
+
+
+class Region:
+    """The blocks of one huge virtual range: addr -> [size, free], the free
+    ones also by (size, addr), every start in address order."""
+
+    def __init__(self):
+        self.blocks = {0: [1 << 42, True]}
+        self.free = [(1 << 42, 0)]
+        self.nxt, self.prv = {0: None}, {0: None}
+        self.starts = [0]
+
+    def _split(self, a, n):
+        """Block a (free, out of the free list) keeps n bytes; the rest is a
+        new free block after it."""
+        sz = self.blocks[a][0]
+        b = a + n
+        self.blocks[a][0] = n
+        self.blocks[b] = [sz - n, True]
+        bisect.insort(self.free, (sz - n, b))
+        bisect.insort(self.starts, b)
+        nx = self.nxt[a]
+        self.nxt[b], self.prv[b], self.nxt[a] = nx, a, b
+        if nx is not None:
+            self.prv[nx] = b
+
+    def take(self, n):
+        i = bisect.bisect_left(self.free, (n, -1))
+        sz, a = self.free.pop(i)
+        self.blocks[a][1] = False
+        if sz > n:
+            self._split(a, n)
+        return a
+
+    def block_at(self, addr):
+        """The block holding addr."""
+        return self.starts[bisect.bisect_right(self.starts, addr) - 1]
+
+    def take_at(self, addr, n):
+        """Exactly [addr, addr + n), which must lie in one free block."""
+        a = self.block_at(addr)
+        sz, free = self.blocks[a]
+        assert free and addr + n <= a + sz
+        self.free.remove((sz, a))
+        if addr > a:
+            self.blocks[a][0] = addr - a
+            bisect.insort(self.free, (addr - a, a))
+            self.blocks[addr] = [a + sz - addr, True]
+            bisect.insort(self.starts, addr)
+            nx = self.nxt[a]
+            self.nxt[addr], self.prv[addr], self.nxt[a] = nx, a, addr
+            if nx is not None:
+                self.prv[nx] = addr
+            a = addr
+        self.blocks[a][1] = False
+        if self.blocks[a][0] > n:
+            self._split(a, n)
+        return a
+
+    def _unlink(self, b):
+        n2 = self.nxt[b]
+        p = self.prv[b]
+        self.nxt[p] = n2
+        if n2 is not None:
+            self.prv[n2] = p
+        del self.blocks[b], self.nxt[b], self.prv[b]
+        self.starts.pop(bisect.bisect_left(self.starts, b))
+
+    def give(self, a):
+        blocks = self.blocks
+        sz = blocks[a][0]
+        blocks[a][1] = True
+        nx = self.nxt[a]
+        if nx is not None and blocks[nx][1]:
+            self.free.remove((blocks[nx][0], nx))
+            sz += blocks[nx][0]
+            self._unlink(nx)
+        pv = self.prv[a]
+        if pv is not None and blocks[pv][1]:
+            self.free.remove((blocks[pv][0], pv))
+            sz += blocks[pv][0]
+            self._unlink(a)
+            a = pv
+        blocks[a][0] = sz
+        bisect.insort(self.free, (sz, a))
 
 
 def main():
     path = sys.argv[1] if len(sys.argv) > 1 else "traces/gpt2_train.trace.gz"
     max_chunk = (int(sys.argv[2]) if len(sys.argv) > 2 else 128) << 20
     slack = float(sys.argv[3]) if len(sys.argv) > 3 else 0.02
-    opener = gzip.open if path.endswith(".gz") else open
-    events = []
-    with opener(path, "rt") as f:
-        for line in f:
-            p = line.split()
-            if p:
-                events.append((p[0] == "a", int(p[1]), int(p[2]) if p[0] == "a" else 0))
+    stitch = os.environ.get("STITCH", "")
+    if stitch not in ("", "peak", "all"):
+        sys.exit("STITCH: peak or all, not %r" % stitch)
+    events = read_events(path)
 
-    # Blocks of one huge region: addr -> [size, free]; free set sorted by (size, addr).
-    blocks = {0: [1 << 42, True]}
-    free = [(1 << 42, 0)]
-    nxt, prv = {0: None}, {0: None}
-
-    def take(n):
-        i = bisect.bisect_left(free, (n, -1))
-        sz, a = free.pop(i)
-        blocks[a][1] = False
-        if sz > n:
-            b = a + n
-            blocks[a][0] = n
-            blocks[b] = [sz - n, True]
-            bisect.insort(free, (sz - n, b))
-            nx = nxt[a]
-            nxt[b], prv[b], nxt[a] = nx, a, b
-            if nx is not None:
-                prv[nx] = b
-        return a
-
-    def give(a):
-        sz = blocks[a][0]
-        blocks[a][1] = True
-        nx = nxt[a]
-        if nx is not None and blocks[nx][1]:
-            free.remove((blocks[nx][0], nx))
-            sz += blocks[nx][0]
-            n2 = nxt[nx]
-            nxt[a] = n2
-            if n2 is not None:
-                prv[n2] = a
-            del blocks[nx], nxt[nx], prv[nx]
-        pv = prv[a]
-        if pv is not None and blocks[pv][1]:
-            free.remove((blocks[pv][0], pv))
-            sz += blocks[pv][0]
-            nxt[pv] = nxt[a]
-            if nxt[a] is not None:
-                prv[nxt[a]] = pv
-            del blocks[a], nxt[a], prv[a]
-            a = pv
-        blocks[a][0] = sz
-        bisect.insort(free, (sz, a))
-
+    r = Region()
     chunk_of = {}  # granule -> chunk start
     chunks = {}  # chunk start -> size
     live_in = {}  # granule -> live blocks over it
     reserved = peak_reserved = live = peak_live = 0
     made = released = 0
+    stitched = stitch_calls = 0
     where = {}
 
     def chunk_free(h):
         return all(live_in.get(g, 0) == 0 for g in range(h // G, (h + chunks[h]) // G))
 
+    def release_for(need):
+        """Wholly free chunks, largest first, while a growth of `need` bytes
+        would pass live x (1 + SLACK)."""
+        nonlocal reserved, released
+        if not need or slack < 0 or reserved + need <= live * (1 + slack):
+            return
+        cached = sorted(((chunks[h], h) for h in chunks if chunk_free(h)), reverse=True)
+        while cached and reserved + need > live * (1 + slack):
+            sz, h = cached.pop(0)
+            for k in range(h // G, (h + sz) // G):
+                del chunk_of[k]
+            del chunks[h]
+            reserved -= sz
+            released += 1
+
+    def count(a, m, d):
+        for g in range(a // G, (a + m - 1) // G + 1):
+            live_in[g] = live_in.get(g, 0) + d
+
+    def free_ends():
+        """The largest free end of one chunk holding live data and free start
+        of another: ((bytes, chunk), (bytes, chunk)) pairs, best first."""
+        ends, starts = [], []
+        for h, sz in chunks.items():
+            if chunk_free(h):
+                continue
+            b = r.block_at(h + sz - 1)
+            ends.append((h + sz - max(b, h) if r.blocks[b][1] else 0, h))
+            b = r.block_at(h)
+            starts.append((min(b + r.blocks[b][0], h + sz) - h if r.blocks[b][1] else 0, h))
+        ends.sort(reverse=True)
+        starts.sort(reverse=True)
+        best = None
+        for e in ends[:2]:
+            for s in starts[:2]:
+                if e[1] != s[1] and (best is None or e[0] + s[0] > best[0][0] + best[1][0]):
+                    best = (e, s)
+        return best
+
     for is_alloc, ident, nbytes in events:
         if not is_alloc:
-            a, m, n = where.pop(ident)
-            live -= n
-            for g in range(a // G, (a + m - 1) // G + 1):
-                live_in[g] -= 1
-            give(a)
+            w = where.pop(ident)
+            live -= w[-1]
+            if w[0] == "stitch":
+                _, pieces, new, n = w
+                for a, m in pieces:
+                    count(a, m, -1)
+                    r.give(a)
+                reserved -= new
+                released += 1 if new else 0
+                stitch_calls += 2  # the two second mappings unmapped
+                continue
+            _, a, m, n = w
+            count(a, m, -1)
+            r.give(a)
             continue
         m = (nbytes + 511) // 512 * 512
-        a = take(m)
-        where[ident] = (a, m, nbytes)
-        live += nbytes
+        a = r.take(m)
         g0, g1 = a // G, (a + m - 1) // G
-        for g in range(g0, g1 + 1):
-            live_in[g] = live_in.get(g, 0) + 1
         runs, g = [], g0
         while g <= g1:
             if g in chunk_of:
@@ -111,15 +218,33 @@ def main():
                 g += 1
             runs.append((s, g - s))
         need = sum(n for _, n in runs) * G
-        if need and slack >= 0 and reserved + need > live * (1 + slack):
-            cached = sorted(((chunks[h], h) for h in chunks if chunk_free(h)), reverse=True)
-            while cached and reserved + need > live * (1 + slack):
-                sz, h = cached.pop(0)
-                for k in range(h // G, (h + sz) // G):
-                    del chunk_of[k]
-                del chunks[h]
-                reserved -= sz
-                released += 1
+        live += nbytes
+        if need and stitch and (stitch == "all" or reserved + need > peak_reserved):
+            best = free_ends()
+            if best is not None:
+                (end, ha), (start, hb) = best
+                new = max(0, m - end - start + G - 1) // G * G
+                if new < need:
+                    r.give(a)
+                    pieces = []
+                    if end:
+                        pieces.append((r.take_at(ha + chunks[ha] - end, end), end))
+                    if start:
+                        pieces.append((r.take_at(hb, start), start))
+                    for pa, pm in pieces:
+                        count(pa, pm, +1)
+                    where[ident] = ("stitch", pieces, new, nbytes)
+                    release_for(new)
+                    reserved += new
+                    made += 1 if new else 0
+                    stitched += 1
+                    stitch_calls += 4  # the two second mappings and their access
+                    peak_reserved = max(peak_reserved, reserved)
+                    peak_live = max(peak_live, live)
+                    continue
+        where[ident] = ("block", a, m, nbytes)
+        count(a, m, +1)
+        release_for(need)
         for s, n in runs:
             while n > 0:
                 sz = min(n * G, max_chunk)
@@ -132,8 +257,12 @@ def main():
                 n -= sz // G
         peak_reserved = max(peak_reserved, reserved)
         peak_live = max(peak_live, live)
-    print("max_chunk %d MiB, slack %g: peak reserved / peak live %.4f, chunks made %d, released %d"
-          % (max_chunk >> 20, slack, peak_reserved / peak_live, made, released))
+    line = "max_chunk %d MiB, slack %g: peak reserved / peak live %.4f, chunks made %d, released %d" % (
+        max_chunk >> 20, slack, peak_reserved / peak_live, made, released)
+    if stitch:
+        line += "; stitch %s: %d blocks stitched, %d driver calls for their second mappings" % (
+            stitch, stitched, stitch_calls)
+    print(line)
 
 
 if __name__ == "__main__":
