@@ -22,7 +22,9 @@ fit's growth (peak: only where the growth would raise the peak of reserved
 bytes; all: wherever). The two free ends stay lent to the block until it is
 freed; its new memory is a chunk of its own (among the chunks made), released
 with its free. The calls of the second mappings (two maps and their access,
-two unmaps at the free) are counted apart.
+two unmaps at the free) are counted apart. STITCH_KEEP=1 keeps a freed
+stitched block whole, for a later request of at least half its size, until a
+growth needs its runs or the slack release its new memory.
 """
 import bisect
 import gzip
@@ -135,6 +137,7 @@ def main():
     stitch = os.environ.get("STITCH", "")
     if stitch not in ("", "peak", "all"):
         sys.exit("STITCH: peak or all, not %r" % stitch)
+    keep = os.environ.get("STITCH_KEEP", "0") == "1"
     events = read_events(path)
 
     r = Region()
@@ -143,18 +146,32 @@ def main():
     live_in = {}  # granule -> live blocks over it
     reserved = peak_reserved = live = peak_live = 0
     made = released = 0
-    stitched = stitch_calls = 0
+    stitched = stitch_calls = reused = 0
+    kept = []  # STITCH_KEEP: freed stitched blocks, whole: (size, pieces, new)
     where = {}
 
     def chunk_free(h):
         return all(live_in.get(g, 0) == 0 for g in range(h // G, (h + chunks[h]) // G))
 
+    def dissolve(pieces, new):
+        """A stitched block's free runs back where they are, its new memory
+        and its second mappings gone."""
+        nonlocal reserved, released, stitch_calls
+        for a, m in pieces:
+            count(a, m, -1)
+            r.give(a)
+        reserved -= new
+        released += 1 if new else 0
+        stitch_calls += 2  # the two second mappings unmapped
+
     def release_for(need):
-        """Wholly free chunks, largest first, while a growth of `need` bytes
-        would pass live x (1 + SLACK)."""
+        """Kept stitched blocks, then wholly free chunks, largest first, while
+        a growth of `need` bytes would pass live x (1 + SLACK)."""
         nonlocal reserved, released
         if not need or slack < 0 or reserved + need <= live * (1 + slack):
             return
+        while kept:
+            dissolve(*kept.pop()[1:])
         cached = sorted(((chunks[h], h) for h in chunks if chunk_free(h)), reverse=True)
         while cached and reserved + need > live * (1 + slack):
             sz, h = cached.pop(0)
@@ -163,6 +180,21 @@ def main():
             del chunks[h]
             reserved -= sz
             released += 1
+
+    def place(m):
+        """The best fit for m bytes, taken, and the granule runs it lacks."""
+        a = r.take(m)
+        g0, g1 = a // G, (a + m - 1) // G
+        runs, g = [], g0
+        while g <= g1:
+            if g in chunk_of:
+                g += 1
+                continue
+            s = g
+            while g <= g1 and g not in chunk_of:
+                g += 1
+            runs.append((s, g - s))
+        return a, runs, sum(n for _, n in runs) * G
 
     def count(a, m, d):
         for g in range(a // G, (a + m - 1) // G + 1):
@@ -193,32 +225,32 @@ def main():
             w = where.pop(ident)
             live -= w[-1]
             if w[0] == "stitch":
-                _, pieces, new, n = w
-                for a, m in pieces:
-                    count(a, m, -1)
-                    r.give(a)
-                reserved -= new
-                released += 1 if new else 0
-                stitch_calls += 2  # the two second mappings unmapped
+                _, pieces, new, size, n = w
+                if keep:
+                    kept.append((size, pieces, new))
+                else:
+                    dissolve(pieces, new)
                 continue
             _, a, m, n = w
             count(a, m, -1)
             r.give(a)
             continue
         m = (nbytes + 511) // 512 * 512
-        a = r.take(m)
-        g0, g1 = a // G, (a + m - 1) // G
-        runs, g = [], g0
-        while g <= g1:
-            if g in chunk_of:
-                g += 1
-                continue
-            s = g
-            while g <= g1 and g not in chunk_of:
-                g += 1
-            runs.append((s, g - s))
-        need = sum(n for _, n in runs) * G
         live += nbytes
+        fits = [k for k in kept if m <= k[0] <= 2 * m]
+        if fits:  # a kept stitched block of at most twice the request
+            k = min(fits, key=lambda k: k[0])
+            kept.remove(k)
+            where[ident] = ("stitch", k[1], k[2], k[0], nbytes)
+            reused += 1
+            peak_live = max(peak_live, live)
+            continue
+        a, runs, need = place(m)
+        if need and kept:  # the kept blocks' runs may serve it: back first
+            r.give(a)
+            while kept:
+                dissolve(*kept.pop()[1:])
+            a, runs, need = place(m)
         if need and stitch and (stitch == "all" or reserved + need > peak_reserved):
             best = free_ends()
             if best is not None:
@@ -233,7 +265,7 @@ def main():
                         pieces.append((r.take_at(hb, start), start))
                     for pa, pm in pieces:
                         count(pa, pm, +1)
-                    where[ident] = ("stitch", pieces, new, nbytes)
+                    where[ident] = ("stitch", pieces, new, end + new + start, nbytes)
                     release_for(new)
                     reserved += new
                     made += 1 if new else 0
@@ -262,6 +294,8 @@ def main():
     if stitch:
         line += "; stitch %s: %d blocks stitched, %d driver calls for their second mappings" % (
             stitch, stitched, stitch_calls)
+        if keep:
+            line += ", %d reused whole" % reused
     print(line)
 
 
