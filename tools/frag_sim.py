@@ -170,7 +170,7 @@ def main():
         nonlocal reserved, released
         if not need or slack < 0 or reserved + need <= live * (1 + slack):
             return
-        while kept:
+        while kept and reserved + need > live * (1 + slack):
             dissolve(*kept.pop()[1:])
         cached = sorted(((chunks[h], h) for h in chunks if chunk_free(h)), reverse=True)
         while cached and reserved + need > live * (1 + slack):
