@@ -22,7 +22,10 @@ fit's growth (peak: only where the growth would raise the peak of reserved
 bytes; all: wherever). The two free ends stay lent to the block until it is
 freed; its new memory is a chunk of its own (among the chunks made), released
 with its free. The calls of the second mappings (two maps and their access,
-two unmaps at the free) are counted apart. STITCH_KEEP=1 keeps a freed
+two unmaps at the free) are counted apart. STITCH_LIFE=N, an oracle that
+reads the trace ahead, stitches only blocks freed within N events;
+STITCH_GUESS=N, without reading ahead, only blocks of a size whose last block
+lived at most N events. STITCH_KEEP=1 keeps a freed
 stitched block whole, for a later request of at least half its size, until a
 growth needs its runs or the slack release its new memory.
 """
@@ -138,7 +141,19 @@ def main():
     if stitch not in ("", "peak", "all"):
         sys.exit("STITCH: peak or all, not %r" % stitch)
     keep = os.environ.get("STITCH_KEEP", "0") == "1"
+    life = int(os.environ.get("STITCH_LIFE", "0"))
+    guess = int(os.environ.get("STITCH_GUESS", "0"))
+    last_life = {}  # STITCH_GUESS: rounded size -> events its last block lived
+    born = {}  # ident -> event of its allocation
     events = read_events(path)
+    # STITCH_LIFE=N (an oracle, from the trace's future): stitch only blocks
+    # freed within N events of their allocation.
+    freed_at, open_at = {}, {}
+    for i, (is_alloc, ident, _) in enumerate(events):
+        if is_alloc:
+            open_at[ident] = i
+        elif ident in open_at:
+            freed_at[open_at.pop(ident)] = i
 
     r = Region()
     chunk_of = {}  # granule -> chunk start
@@ -220,9 +235,11 @@ def main():
                     best = (e, s)
         return best
 
-    for is_alloc, ident, nbytes in events:
+    for i, (is_alloc, ident, nbytes) in enumerate(events):
         if not is_alloc:
             w = where.pop(ident)
+            if ident in born:
+                last_life[(w[-1] + 511) // 512 * 512] = i - born.pop(ident)
             live -= w[-1]
             if w[0] == "stitch":
                 _, pieces, new, size, n = w
@@ -251,7 +268,11 @@ def main():
             while kept:
                 dissolve(*kept.pop()[1:])
             a, runs, need = place(m)
-        if need and stitch and (stitch == "all" or reserved + need > peak_reserved):
+        born[ident] = i
+        short = not life or freed_at.get(i, len(events)) - i <= life
+        if guess:
+            short = short and last_life.get(m, guess + 1) <= guess
+        if need and stitch and short and (stitch == "all" or reserved + need > peak_reserved):
             best = free_ends()
             if best is not None:
                 (end, ha), (start, hb) = best

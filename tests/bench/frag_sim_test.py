@@ -2,7 +2,8 @@
 """tools/frag_sim.py on a trace made so that a request fits exactly into the
 free end of one chunk and the free start of another: with STITCH=peak the
 model makes it of those two (no new byte), without it the best fit grows.
-Also: the trace's comment lines are read past, and a bad STITCH is refused.
+Also: the oracle of lifetimes (STITCH_LIFE) and the guess from a size's history
+(STITCH_GUESS), the trace's comment lines read past, and a bad STITCH refused.
 Usage: frag_sim_test.py PATH/TO/frag_sim.py"""
 import os
 import subprocess
@@ -27,11 +28,13 @@ a 8 %d 0
 """ % (4 * M, 4 * M, 3 * M, 1 * M, 1 * M, 6 * M, 3 * M)
 
 
-def run(script, trace, stitch=None):
+def run(script, trace, stitch=None, **more):
     env = dict(os.environ)
-    env.pop("STITCH", None)
+    for k in ("STITCH", "STITCH_KEEP", "STITCH_LIFE", "STITCH_GUESS"):
+        env.pop(k, None)
     if stitch is not None:
         env["STITCH"] = stitch
+    env.update(more)
     return subprocess.run([sys.executable, script, trace, "128", "-1"], capture_output=True,
                           text=True, env=env)
 
@@ -57,6 +60,15 @@ def main():
                 "stitch peak: 1 blocks stitched, 6 driver calls for their second mappings")
         if r.returncode != 0 or want not in r.stdout:
             failures.append("stitch: %r %r" % (r.stdout, r.stderr))
+        # Block 7 is freed at the next event: the oracle of lifetimes lets
+        # it be stitched; the guess from its size's history does not (no
+        # block of 6 MiB was freed before it).
+        r = run(script, trace, "peak", STITCH_LIFE="1")
+        if r.returncode != 0 or want not in r.stdout:
+            failures.append("STITCH_LIFE=1: %r %r" % (r.stdout, r.stderr))
+        r = run(script, trace, "peak", STITCH_GUESS="10")
+        if r.returncode != 0 or "peak reserved / peak live 1.5000" not in r.stdout:
+            failures.append("STITCH_GUESS=10: %r %r" % (r.stdout, r.stderr))
         r = run(script, trace, "everywhere")
         if r.returncode == 0 or "STITCH: peak or all" not in r.stderr:
             failures.append("bad STITCH: %r %r" % (r.stdout, r.stderr))
