@@ -352,8 +352,11 @@ void report(std::ostream& o, const std::string& path, gvm::vmm::Profile profile,
       << mib(pe.bytes) << " MiB grew reserved by "
       << mib(x.reserved - std::min(x.reserved, reserved_before)) << " MiB; the largest free hole before it was "
       << mib(before.largest) << " MiB, all holes together " << mib(before.free_total) << " MiB.";
+  }
+  if (pe.op == TraceOp::allocate && run.allocator->caps(0).vmm && !config.force_no_vmm) {
     // What the free ends of two chunks could have served (bench/excess.hpp,
     // ChunkEnds): the rest of the request in new granules between them.
+    // Only handles map again: without VMM a segment has one address.
     const std::size_t g = x.granule;
     const std::size_t rest = pe.bytes > ends.best_pair ? pe.bytes - ends.best_pair : 0;
     o << " Free chunk ends before it: one chunk's free end and another's free start "

@@ -45,6 +45,17 @@ expect("| at the peak | MiB |" "${out}")
 # ends to pair.
 expect("Free chunk ends before it: one chunk's free end and another's free start 0.0 MiB together (the largest end 0.0 MiB, start 0.0 MiB), chunks with nothing in use 4.0 MiB; the request made of those two chunks mapped again side by side would have needed 6.0 MiB of new memory." "${out}")
 
+# Without VMM a segment cannot be mapped a second time: no free chunk ends.
+run_excess(--conf no_vmm:true)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "gvm-excess --conf no_vmm:true exited ${rc}: ${err}")
+endif()
+expect("The growth that set the peak: a request of 6.0 MiB" "${out}")
+string(FIND "${out}" "Free chunk ends" at)
+if(NOT at EQUAL -1)
+  message(FATAL_ERROR "free chunk ends reported without VMM:\n${out}")
+endif()
+
 foreach(bad 5 0 -1 x 2x)
   run_excess(--at ${bad})
   if(rc EQUAL 0)
