@@ -25,9 +25,9 @@ with its free. The calls of the second mappings (two maps and their access,
 two unmaps at the free) are counted apart. STITCH_LIFE=N, an oracle that
 reads the trace ahead, stitches only blocks freed within N events;
 STITCH_GUESS=N, without reading ahead, only blocks of a size whose last block
-lived at most N events. STITCH_KEEP=1 keeps a freed
-stitched block whole, for a later request of at least half its size, until a
-growth needs its runs or the slack release its new memory.
+lived at most N events. STITCH_KEEP=1 keeps a freed stitched block whole, for
+a later request of at least half its size, until a growth needs its runs or
+the slack release its new memory.
 """
 import bisect
 import gzip
@@ -254,6 +254,7 @@ def main():
             continue
         m = (nbytes + 511) // 512 * 512
         live += nbytes
+        born[ident] = i
         fits = [k for k in kept if m <= k[0] <= 2 * m]
         if fits:  # a kept stitched block of at most twice the request
             k = min(fits, key=lambda k: k[0])
@@ -268,7 +269,6 @@ def main():
             while kept:
                 dissolve(*kept.pop()[1:])
             a, runs, need = place(m)
-        born[ident] = i
         short = not life or freed_at.get(i, len(events)) - i <= life
         if guess:
             short = short and last_life.get(m, guess + 1) <= guess
